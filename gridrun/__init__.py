@@ -1,0 +1,3 @@
+"""gridrun: a terminal experiment runner for PyTorch."""
+
+__version__ = "0.1.0"

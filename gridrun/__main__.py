@@ -1,0 +1,3 @@
+from gridrun.cli import main
+
+main()

@@ -1,0 +1,7 @@
+"""(not built yet)"""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass

@@ -1,0 +1,1 @@
+"""Everything that is not UI. Never imports Textual or gridrun.tui."""

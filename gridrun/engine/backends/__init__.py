@@ -1,0 +1,1 @@
+"""Where a run executes: `local` (child processes on this machine) or `ray`."""

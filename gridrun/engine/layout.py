@@ -1,0 +1,31 @@
+"""Where things live under a runs root (see DESIGN.md "Runs on disk")."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_ROOT = "runs"
+DB_NAME = "gridrun.db"
+CONFIG = "config.toml"
+METRICS = "metrics.jsonl"
+OUTPUT = "output.log"
+SUMMARY = "summary.json"
+CHECKPOINTS = "checkpoints"
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("GRIDRUN_ROOT", DEFAULT_ROOT))
+
+
+def run_dir(root: str | os.PathLike, experiment: str, run_id: str) -> Path:
+    # experiment names are validated as safe folder names by spec.py
+    return Path(root) / experiment / run_id
+
+
+def make_private_dir(path: str | os.PathLike) -> Path:
+    """Create `path` (and parents) with mode 0700, whatever the umask."""
+    path = Path(path)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path

@@ -1,0 +1,156 @@
+"""The experiment file: TOML -> validated ExperimentSpec -> one RunSpec per cell and seed.
+
+Never imports torch: `gridrun plan` and the TUI's validation stay fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+
+@dataclass(frozen=True)
+class Key:
+    """One trainer key: its TOML type, default, allowed values and meaning."""
+
+    name: str
+    type: str  # "integer" | "float" | "string" | "boolean" | "array of 2 floats" | "float or integer" | "boolean or \"auto\""
+    default: Any
+    doc: str
+    choices: tuple[Any, ...] = ()
+    min: float | None = None  # inclusive
+    max: float | None = None  # inclusive
+    above: float | None = None  # exclusive lower bound
+    below: float | None = None  # exclusive upper bound
+    affects_results: bool = True  # False: left out of the run id
+
+
+TRAINER_KEYS: dict[str, Key] = {k.name: k for k in [
+    Key("epochs", "integer", 10, "passes over the training data", min=1),
+    Key("max_steps", "integer", 0, "stop after this many optimizer steps (0: no cap)", min=0),
+    Key("batch_size", "integer", 64, "samples per micro-batch", min=1),
+    Key("lr", "float", 1e-3, "peak learning rate", above=0),
+    Key("optimizer", "string", "adamw", "the optimizer", choices=("adamw", "adam", "sgd")),
+    Key("momentum", "float", 0.9, "SGD momentum", min=0, below=1),
+    Key("nesterov", "boolean", False, "Nesterov momentum (sgd)"),
+    Key("betas", "array of 2 floats", [0.9, 0.999], "Adam(W) betas, each in [0, 1)"),
+    Key("weight_decay", "float", 0.0, "weight decay (decoupled for adamw)", min=0),
+    Key("schedule", "string", "cosine", "learning-rate schedule after warmup",
+        choices=("cosine", "linear", "step", "constant", "onecycle")),
+    Key("warmup", "float or integer", 0.0,
+        "linear warmup: a float in [0, 1) is a fraction of all steps, an integer a step count", min=0),
+    Key("min_lr", "float", 0.0, "the floor of cosine and linear decay", min=0),
+    Key("step_size", "integer", 1000, "steps between decays of the step schedule", min=1),
+    Key("gamma", "float", 0.1, "decay factor of the step schedule", above=0, max=1),
+    Key("precision", "string", "auto", "auto: bf16 on CUDA devices that support it, else fp32; "
+        "fp16 uses a GradScaler", choices=("auto", "fp32", "bf16", "fp16")),
+    Key("accumulate", "integer", 1, "micro-batches per optimizer step (the loss is divided by it)", min=1),
+    Key("clip_grad", "float", 0.0, "clip the global gradient norm to this (0: off)", min=0),
+    Key("eval_every", "integer", 0, "evaluate every this many steps (0: at each epoch end)", min=0),
+    Key("log_every", "integer", 10, "write a train line every this many steps", min=1),
+    Key("checkpoint_every", "integer", 0, "checkpoint every this many steps (0: epoch ends only)",
+        min=0, affects_results=False),
+    Key("early_stop_patience", "integer", 0, "stop after this many evaluations without improvement (0: off)", min=0),
+    Key("early_stop_metric", "string", "", "validation metric for early stopping and best.pt "
+        "(empty: the task's first metric)"),
+    Key("deterministic", "boolean", True, "deterministic algorithms (bitwise-reproducible on CUDA)"),
+    Key("detect_anomaly", "boolean", False, "autograd anomaly detection (slow; for debugging)",
+        affects_results=False),
+    Key("compile", "boolean", False, "wrap the model in torch.compile"),
+    Key("num_workers", "integer", 0, "DataLoader worker processes", min=0, affects_results=False),
+    Key("pin_memory", "boolean or \"auto\"", "auto", "pinned host memory (auto: on with CUDA)",
+        affects_results=False),
+    Key("prefetch_factor", "integer", 2, "batches prefetched per worker (with num_workers > 0)",
+        min=1, affects_results=False),
+    Key("persistent_workers", "boolean", False, "keep DataLoader workers between epochs",
+        affects_results=False),
+    Key("max_retries", "integer", 0, "times the engine retries a failed run", min=0,
+        affects_results=False),
+]}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: a cell of the matrix at one seed, fully resolved.
+
+    `variant` names only the axes that vary within the experiment
+    ("lr=0.001 hidden=64"; for ablations the variant's name, "baseline" for
+    the baseline); `axes` holds those values. `ablation` is the ablation
+    variant's name ("baseline" for the baseline) or "" in an experiment
+    without ablations.
+    """
+
+    id: str
+    experiment: str
+    variant: str
+    seed: int
+    task: str
+    trainer: Mapping[str, Any]
+    task_args: Mapping[str, Any]
+    axes: Mapping[str, Any]
+    ablation: str = ""
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The flat resolved config: task, every trainer key, every task key."""
+        return {"task": self.task, **self.trainer, **self.task_args}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "experiment": self.experiment,
+            "variant": self.variant,
+            "ablation": self.ablation,
+            "seed": self.seed,
+            "task": self.task,
+            "trainer": dict(self.trainer),
+            "task_args": dict(self.task_args),
+            "axes": dict(self.axes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RunSpec:
+        return cls(
+            id=d["id"], experiment=d["experiment"], variant=d["variant"], seed=int(d["seed"]),
+            task=d["task"], trainer=dict(d["trainer"]), task_args=dict(d.get("task_args", {})),
+            axes=dict(d.get("axes", {})), ablation=d.get("ablation", ""),
+        )
+
+    def with_trainer(self, **changes: Any) -> RunSpec:
+        """The same run (same id) with some trainer keys changed, e.g. an OOM retry."""
+        return RunSpec(**{**self.__dict__, "trainer": {**self.trainer, **changes}})
+
+
+def run_id(experiment: str, task: str, trainer: Mapping[str, Any], task_args: Mapping[str, Any],
+           seed: int) -> str:
+    """A short content hash, independent of key order, float spelling and file location."""
+    content = {
+        "experiment": experiment,
+        "task": task,
+        "trainer": {k: v for k, v in trainer.items()
+                    if k not in TRAINER_KEYS or TRAINER_KEYS[k].affects_results},
+        "task_args": dict(task_args),
+        "seed": seed,
+    }
+    blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def write_run_config(path: str | Path, run: RunSpec) -> None:
+    """`config.toml` of a run folder, written atomically."""
+    path = Path(path)
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text(tomli_w.dumps(run.to_dict()))
+    tmp.replace(path)
+
+
+def read_run_config(path: str | Path) -> RunSpec:
+    with open(path, "rb") as f:
+        return RunSpec.from_dict(tomllib.load(f))

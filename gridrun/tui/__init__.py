@@ -1,0 +1,1 @@
+"""The Textual interface. Reads the store; never imports torch."""
