@@ -1,0 +1,18 @@
+"""Shared test setup.
+
+Tests start real worker processes; tasks written for the tests live in
+tests/helper_tasks.py, so the tests folder is put on PYTHONPATH for every
+child process as well as this one.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p
+)
+# Tests never touch ./runs by accident.
+os.environ.pop("GRIDRUN_ROOT", None)
