@@ -1,7 +1,58 @@
-"""(not built yet)"""
+"""`gridrun plan FILE`: the runs an experiment file expands to, before anything runs."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from gridrun.commands.common import fail
+
+FileArgument = Annotated[
+    Path, typer.Argument(help="The experiment file (TOML).", exists=True, dir_okay=False)
+]
+
+
+def load_or_exit(file: Path, *, force: bool = False):
+    """The file's runs, or every problem on stderr and exit 2."""
+    from gridrun.engine.spec import SpecError, load_runs
+
+    try:
+        return load_runs(file, force=force)
+    except SpecError as err:
+        n = len(err.problems)
+        fail(f"{err}\n{n} problem{'s' if n != 1 else ''} in {file}; nothing was changed.")
+
+
+def render_plan(runs) -> str:
+    rows = [("EXPERIMENT", "VARIANT", "SEED", "ID")]
+    rows += [(r.experiment, r.variant or "-", str(r.seed), r.id) for r in runs]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]
+    counts = Counter(r.experiment for r in runs)
+    lines.append("")
+    lines += [f"{name}: {n} run{'s' if n != 1 else ''}" for name, n in counts.items()]
+    lines.append(f"total: {len(runs)} run{'s' if len(runs) != 1 else ''} "
+                 f"in {len(counts)} experiment{'s' if len(counts) != 1 else ''}")
+    return "\n".join(lines)
+
 
 def register(app: typer.Typer) -> None:
-    pass
+    @app.command()
+    def plan(
+        file: FileArgument,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the runs as JSON.")] = False,
+        force: Annotated[bool, typer.Option("--force", help="Allow more runs than the cap (10,000).")] = False,
+    ) -> None:
+        """Validate an experiment file and list the runs it expands to."""
+        runs = load_or_exit(file, force=force)
+        if as_json:
+            typer.echo(json.dumps({"runs": [
+                {"id": r.id, "experiment": r.experiment, "variant": r.variant, "ablation": r.ablation,
+                 "seed": r.seed, "task": r.task, "config": r.config} for r in runs]}))
+        else:
+            typer.echo(render_plan(runs))
