@@ -231,6 +231,16 @@ class _Checker:
         self.lines = LineIndex(text)
         self.problems: list[Problem] = []
 
+    def unique(self) -> list[Problem]:
+        """Problems once each: a bad key in [defaults] is found again by every experiment."""
+        seen, out = set(), []
+        for p in self.problems:
+            mark = (p.line, p.key, p.message)
+            if mark not in seen:
+                seen.add(mark)
+                out.append(p)
+        return out
+
     def add(self, message: str, *path: str, experiment: str | None = None, key: str | None = None,
             suggestion: str | None = None, line: int | None = None) -> None:
         self.problems.append(Problem(
@@ -299,6 +309,10 @@ def _task_params(c: _Checker, exp: str, task: str) -> dict[str, Any] | None:
     return params
 
 
+def _key_label(path: tuple[str, ...]) -> str:
+    return ".".join(path) if path[0] == "defaults" else ".".join(path[2:])
+
+
 def _check_key(c: _Checker, exp: str, key: str, value: Any, params: dict[str, Any] | None,
                path: tuple[str, ...]) -> tuple[bool, Any]:
     """(ok, cleaned value) for one trainer or task key."""
@@ -311,10 +325,10 @@ def _check_key(c: _Checker, exp: str, key: str, value: Any, params: dict[str, An
     else:
         known = [*TRAINER_KEYS, *params, *RESERVED]
         c.add(f"unknown key {key!r}: not a trainer key and not a parameter of the task",
-              *path, experiment=exp, key=".".join(path[2:]), suggestion=nearest(key, known))
+              *path, experiment=exp, key=_key_label(path), suggestion=nearest(key, known))
         return False, None
     if expected is not None:
-        c.add(expected, *path, experiment=exp, key=".".join(path[2:]))
+        c.add(expected, *path, experiment=exp, key=_key_label(path))
         return False, None
     return True, cleaned
 
@@ -499,7 +513,7 @@ def load_experiments(path: str | Path) -> list[ExperimentSpec]:
     specs = [_experiment(c, name, table, defaults) for name, table in experiments.items()]
     engine_config(data.get("engine", {}), c)
     if c.problems:
-        raise SpecError(c.problems)
+        raise SpecError(c.unique())
     return [s for s in specs if s is not None]
 
 
