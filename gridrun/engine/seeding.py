@@ -1,0 +1,72 @@
+"""Seeds, deterministic mode, and every RNG state as checkpointable values."""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # seeds every CUDA device too, lazily
+
+
+def data_seed(seed: int, epoch: int) -> int:
+    """The seed of one epoch's data order: distinct per (seed, epoch), stable across runs."""
+    return (seed * 1_000_003 + epoch * 7_919 + 12_345) % 2**63
+
+
+def set_determinism(enabled: bool) -> dict[str, Any]:
+    """Deterministic algorithms on or off; returns what was set, for summary.json.
+
+    CUBLAS_WORKSPACE_CONFIG only takes effect if set before CUDA starts, so
+    this runs before the model is built.
+    """
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(enabled, warn_only=False)
+    torch.backends.cudnn.deterministic = enabled
+    torch.backends.cudnn.benchmark = not enabled
+    return {
+        "use_deterministic_algorithms": enabled,
+        "cudnn_deterministic": enabled,
+        "cudnn_benchmark": not enabled,
+        "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+    }
+
+
+def worker_init_fn(worker_id: int) -> None:
+    # The DataLoader gives each worker torch seed base_seed + id, with base_seed
+    # drawn from the loader's seeded generator; python and numpy follow it.
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG state as tensors and plain values (loadable with weights_only=True)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])

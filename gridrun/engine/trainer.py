@@ -1,0 +1,287 @@
+"""The training loop: the only place that steps an optimizer.
+
+One readable function in the shape of nanoGPT's train.py: seed -> build ->
+resume -> loop (log, evaluate, checkpoint). Metrics stay on the device between
+log points; reading them there is the loop's only host sync.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import sys
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gridrun.engine import checkpoint, layout, states
+from gridrun.engine.data import count_samples, to_device, train_loader, val_loader
+from gridrun.engine.optim import build_optimizer, lr_at
+from gridrun.engine.runlog import MetricsWriter
+from gridrun.engine.seeding import rng_state, seed_everything, set_determinism, set_rng_state
+from gridrun.engine.spec import RunSpec
+from gridrun.engine.tasks import Task, resolve
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    if precision != "auto":
+        return precision
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
+def improved(value: float, best: float | None, direction: str) -> bool:
+    if best is None:
+        return True
+    return value < best if direction == "lower" else value > best
+
+
+@torch.inference_mode()
+def evaluate(model: torch.nn.Module, task: Task, loader: Any, device: torch.device,
+             autocast: Any) -> dict[str, float]:
+    """The task's validation metrics over the whole validation set, in eval mode."""
+    was_training = model.training
+    model.eval()
+    sums: dict[str, Any] = {}
+    counts: dict[str, Any] = {}
+    for batch in loader:
+        with autocast:
+            out = task.evaluate(model, to_device(batch, device, non_blocking=True))
+        for name, (s, n) in out.items():
+            sums[name] = sums.get(name, 0) + torch.as_tensor(s, device=device, dtype=torch.float64)
+            counts[name] = counts.get(name, 0) + torch.as_tensor(n, device=device, dtype=torch.float64)
+    model.train(was_training)
+    names = list(sums)
+    values = torch.stack([sums[k] / counts[k] for k in names]).tolist()  # one sync
+    return dict(zip(names, values, strict=True))
+
+
+def peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
+          should_stop: Callable[[], bool] = lambda: False,
+          log: Callable[[str], None] = lambda s: print(s, flush=True)) -> dict[str, Any]:
+    """Train one run to the end (or to a stop request); returns its summary."""
+    run_dir = Path(run_dir)
+    cfg = run.trainer
+    started = time.time()
+    summary: dict[str, Any] = {
+        "run_id": run.id, "experiment": run.experiment, "variant": run.variant,
+        "ablation": run.ablation, "seed": run.seed, "task": run.task, "status": states.FAILED,
+        "step": 0, "epoch": 0, "total_steps": None, "metrics": {}, "early_stop_metric": None,
+        "final": {}, "best": {}, "best_step": None, "train_loss": None, "samples_per_s": None,
+        "tokens_per_s": None, "peak_memory_bytes": None, "started_at": started, "ended_at": None,
+        "wall_time_s": None, "device": None, "torch_version": torch.__version__,
+        "determinism": None, "precision": None, "error": None, "traceback": None,
+        "diverged_step": None, "resumed_from_step": None,
+    }
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    summary["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    writer = None
+    try:
+        # ---- seed and build
+        summary["determinism"] = set_determinism(cfg["deterministic"])
+        seed_everything(run.seed)
+        task: Task = resolve(run.task)(**run.task_args)
+        model = task.model.to(device)
+        precision = resolve_precision(cfg["precision"], device)
+        summary["precision"] = precision
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        autocast = (torch.autocast(device.type, dtype=dtype) if dtype else nullcontext())
+        scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        optimizer = build_optimizer(model.parameters(), cfg)
+        step_model = torch.compile(model) if cfg["compile"] else model
+        accumulate, batch_size = cfg["accumulate"], cfg["batch_size"]
+        batches = len(task.train_data) // batch_size
+        steps_per_epoch = batches // accumulate
+        if steps_per_epoch < 1:
+            raise ValueError(f"the training set has {len(task.train_data)} samples: fewer than one "
+                             f"step of batch_size x accumulate = {batch_size * accumulate}")
+        total = steps_per_epoch * cfg["epochs"]
+        if cfg["max_steps"]:
+            total = min(total, cfg["max_steps"])
+        summary["total_steps"] = total
+        metric = cfg["early_stop_metric"] or next(iter(task.metrics))
+        if metric not in task.metrics:
+            raise ValueError(f"early_stop_metric {metric!r} is not a metric of task {run.task!r}: "
+                             f"it reports {', '.join(task.metrics)}")
+        direction = task.metrics[metric]
+        summary["metrics"], summary["early_stop_metric"] = dict(task.metrics), metric
+        collate = task.collate_fn
+        count = task.count_samples or count_samples
+        val_data = val_loader(task.val_data, cfg, collate_fn=collate, cuda=device.type == "cuda")
+
+        # ---- resume
+        ckpt_dir = run_dir / layout.CHECKPOINTS
+        step, epoch, position = 0, 0, 0
+        best: dict[str, Any] = {"value": None, "step": None, "metrics": {}, "bad_evals": 0}
+        pending: list[torch.Tensor] = []  # per-micro-batch losses since the last log point
+        writer = MetricsWriter(run_dir / layout.METRICS)
+        state = None if fresh else checkpoint.load(ckpt_dir / "last.pt", device)
+        if state is None:
+            writer.truncate(0)
+        else:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scaler.load_state_dict(state["scaler"])
+            step, epoch, position = state["step"], state["epoch"], state["position"]
+            best = state["best"]
+            pending = list(state["pending_losses"].to(device).unbind()) if state["pending_losses"].numel() else []
+            writer.truncate(state["metrics_offset"])  # drop lines written after this checkpoint
+            set_rng_state(state["rng"])
+            summary["resumed_from_step"] = step
+            log(f"resumed from step {step} (epoch {epoch}, batch {position})")
+
+        def save(name: str) -> None:
+            checkpoint.save({
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": {"step": step, "total": total}, "scaler": scaler.state_dict(),
+                "step": step, "epoch": epoch, "position": position, "best": best,
+                "pending_losses": torch.stack(pending).detach() if pending else torch.zeros(0),
+                "rng": rng_state(), "metrics_offset": writer.offset(),
+            }, ckpt_dir / name)
+
+        def evaluate_and_track() -> bool:
+            """Evaluate, log, keep best.pt; True when early stopping says stop."""
+            values = evaluate(model, task, val_data, device, autocast)
+            writer.write({"t": time.time(), "step": step, "epoch": epoch, "split": "val", **values})
+            summary["final"] = values
+            log(f"eval  step {step:>6}  " + "  ".join(f"{k} {v:.4g}" for k, v in values.items()))
+            if not all(math.isfinite(v) for v in values.values()):
+                return False
+            if improved(values[metric], best["value"], direction):
+                best.update(value=values[metric], step=step, metrics=values, bad_evals=0)
+                save("best.pt")
+                return False
+            best["bad_evals"] += 1
+            return bool(cfg["early_stop_patience"]) and best["bad_evals"] >= cfg["early_stop_patience"]
+
+        def read_pending() -> tuple[list[float], int | None]:
+            """The losses since the last log point (one sync) and the first non-finite step."""
+            if not pending:
+                return [], None
+            values = torch.stack(pending).float().tolist()
+            for i, v in enumerate(values):
+                if not math.isfinite(v):
+                    return values, step - (len(values) - 1 - i) // accumulate
+            return values, None
+
+        # ---- the loop
+        model.train()
+        status = states.COMPLETED
+        log(f"run {run.id} {run.experiment} {run.variant or ''} seed {run.seed}: {total} steps on "
+            f"{summary['device']} ({precision})")
+        samples = tokens = 0
+        interval_start, interval_steps, train_time = time.perf_counter(), 0, 0.0
+        total_samples = total_tokens = 0
+        micro = 0
+        stop_early = False
+        while step < total and not stop_early and status == states.COMPLETED:
+            loader = train_loader(task.train_data, cfg, seed=run.seed, epoch=epoch,
+                                  start_batch=position, collate_fn=collate,
+                                  cuda=device.type == "cuda")
+            non_blocking = loader.pin_memory
+            for batch in loader:
+                samples += count(batch)
+                if task.count_tokens:
+                    tokens += task.count_tokens(batch)
+                batch = to_device(batch, device, non_blocking=non_blocking)
+                with autocast:
+                    loss = task.loss(step_model, batch)
+                pending.append(loss.detach())
+                scaler.scale(loss / accumulate).backward()
+                micro += 1
+                if micro % accumulate:
+                    continue
+                lr = lr_at(step, cfg, total)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                if cfg["clip_grad"]:
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip_grad"])
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                position += accumulate
+                interval_steps += 1
+                last_of_epoch = position >= steps_per_epoch * accumulate
+
+                if step % cfg["log_every"] == 0 or step == total or last_of_epoch:
+                    losses, bad_step = read_pending()  # the one host sync
+                    elapsed = time.perf_counter() - interval_start
+                    train_time += elapsed
+                    total_samples += samples
+                    total_tokens += tokens
+                    if bad_step is not None:
+                        summary["diverged_step"] = bad_step
+                        status = states.DIVERGED
+                        log(f"diverged: non-finite loss at step {bad_step}")
+                        break
+                    record = {"t": time.time(), "step": step, "epoch": epoch, "split": "train",
+                              "loss": sum(losses) / len(losses), "lr": lr,
+                              "samples_per_s": samples / elapsed if elapsed else None,
+                              "step_time": elapsed / interval_steps}
+                    if task.count_tokens:
+                        record["tokens_per_s"] = tokens / elapsed if elapsed else None
+                    writer.write(record)
+                    summary["train_loss"] = record["loss"]
+                    log(f"train step {step:>6}/{total}  epoch {epoch}  loss {record['loss']:.4f}  "
+                        f"lr {lr:.3g}  {record['samples_per_s'] or 0:,.0f} samples/s")
+                    pending.clear()
+                    samples = tokens = interval_steps = 0
+                    interval_start = time.perf_counter()
+
+                if last_of_epoch:
+                    epoch, position = epoch + 1, 0
+                evaluate_now = (cfg["eval_every"] and step % cfg["eval_every"] == 0) or (
+                    not cfg["eval_every"] and last_of_epoch) or step == total
+                if evaluate_now:
+                    stop_early = evaluate_and_track()
+                    interval_start = time.perf_counter()
+                stopping = should_stop() and step < total and not stop_early
+                checkpoint_now = last_of_epoch or step == total or stop_early or stopping or (
+                    cfg["checkpoint_every"] and step % cfg["checkpoint_every"] == 0)
+                if checkpoint_now and read_pending()[1] is None:  # never save a diverged state
+                    save("last.pt")
+                if stopping:
+                    status = states.INTERRUPTED
+                    log(f"interrupted at step {step}: checkpoint saved")
+                    break
+                if step >= total or stop_early or last_of_epoch:
+                    break
+
+        summary.update(status=status, step=step, epoch=epoch)
+        summary["best"], summary["best_step"] = best["metrics"], best["step"]
+        if train_time:
+            summary["samples_per_s"] = total_samples / train_time
+            summary["tokens_per_s"] = total_tokens / train_time if task.count_tokens else None
+        if stop_early:
+            log(f"early stop at step {step}: no better {metric} in {cfg['early_stop_patience']} evaluations")
+    except torch.OutOfMemoryError as exc:
+        summary.update(status=states.OOM, error=f"out of memory: {exc}")
+        if device.type == "cuda":
+            print(torch.cuda.memory_summary(device), file=sys.stderr)
+        log(f"out of memory: {exc}")
+    except Exception as exc:
+        import traceback
+
+        summary.update(status=states.FAILED, error=f"{type(exc).__name__}: {exc}",
+                       traceback=traceback.format_exc())
+        print(summary["traceback"], file=sys.stderr, flush=True)
+    finally:
+        if writer is not None:
+            writer.close()
+    summary["peak_memory_bytes"] = peak_memory(device)
+    summary["ended_at"] = time.time()
+    summary["wall_time_s"] = summary["ended_at"] - started
+    return summary

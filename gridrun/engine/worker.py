@@ -1,0 +1,57 @@
+"""Runs one run inside its own process: RUN_DIR/config.toml -> trainer -> summary.json.
+
+`python -m gridrun.engine.worker RUN_DIR [--fresh]`; the exit code tells
+completed, failed, diverged, oom and interrupted apart (states.EXIT_CODES).
+SIGTERM or SIGINT asks the loop to checkpoint at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from gridrun.engine import layout, states
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    tmp = run_dir / (layout.SUMMARY + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(summary, f, indent=1, allow_nan=False, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, run_dir / layout.SUMMARY)
+
+
+def main(run_dir: str | Path, *, fresh: bool = False) -> int:
+    from gridrun.engine.spec import read_run_config
+    from gridrun.engine.trainer import train
+
+    run_dir = Path(run_dir)
+    run = read_run_config(run_dir / layout.CONFIG)
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: Any) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        summary = train(run, run_dir, fresh=fresh, should_stop=stop.is_set)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    summary = {k: (None if isinstance(v, float) and v != v else v) for k, v in summary.items()}
+    write_summary(run_dir, summary)
+    return states.EXIT_CODES[summary["status"]]
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if a != "--fresh"]
+    if len(args) != 1:
+        print("usage: python -m gridrun.engine.worker RUN_DIR [--fresh]", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(args[0], fresh="--fresh" in sys.argv[1:]))
