@@ -1,0 +1,87 @@
+"""The small interface between the scheduler and wherever runs execute.
+
+The scheduler owns the queue, priorities, retries and the store; a backend
+only starts one run on one slot, reports when it ends, stops it, and after an
+engine restart tells whether a run it started before is still going. The
+worker writes metrics.jsonl and summary.json into the run folder itself; a
+backend whose runs execute elsewhere (Ray) streams those lines back and
+writes them into the same folder, so readers cannot tell the difference.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# A worker that finds its run already running (the run lock held by another
+# process) exits with this code without touching anything (EX_TEMPFAIL).
+EXIT_ALREADY_RUNNING = 75
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one run executes: a GPU (`gpu` is its index) or a CPU slot."""
+
+    name: str  # "cpu0", "gpu1", or "gpu1.0", "gpu1.1" with several runs per GPU
+    gpu: int | None = None
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        # empty, not unset: an unset variable would let the run see every GPU
+        return "" if self.gpu is None else str(self.gpu)
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A launched run. `pid` and `start_time` identify its process across
+    engine restarts (a pid alone can be reused)."""
+
+    run_id: str
+    run_dir: Path
+    pid: int
+    start_time: float
+    slot: Slot | None = None
+    extra: Any = field(default=None, compare=False)  # backend-specific
+
+
+@dataclass(frozen=True)
+class Exited:
+    """A run's process ended. `code` is the worker's exit code (states.EXIT_CODES),
+    a negative signal number, or None when nobody could see it (an adopted
+    process): then the run folder's exit record or summary tells."""
+
+    handle: Handle
+    code: int | None
+
+
+class Backend(abc.ABC):
+    """Where runs execute. All methods are called from the engine's one thread."""
+
+    name = "abstract"
+
+    def start(self) -> None:  # noqa: B027 - optional
+        """Get ready (e.g. start a fork server). Called once before any launch."""
+
+    @abc.abstractmethod
+    def launch(self, run_id: str, run_dir: Path, slot: Slot, *, fresh: bool = False) -> Handle:
+        """Start the worker on RUN_DIR (config.toml is already there) on `slot`."""
+
+    @abc.abstractmethod
+    def poll(self, timeout: float) -> list[Exited]:
+        """Wait up to `timeout` seconds for runs to end; return those that did.
+        Also forces the kill of cancelled runs whose grace period has passed."""
+
+    @abc.abstractmethod
+    def cancel(self, handle: Handle, grace: float = 30.0) -> None:
+        """Ask the run to stop (it checkpoints and exits 5); kill it after `grace`."""
+
+    @abc.abstractmethod
+    def reattach(self, run_id: str, run_dir: Path, pid: int | None,
+                 start_time: float | None, slot: Slot | None = None) -> Handle | None:
+        """After an engine restart: a handle to the run's process if it still
+        runs (then `poll` reports its end), else None."""
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Release resources. Runs keep going: they outlive the engine."""

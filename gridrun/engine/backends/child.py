@@ -1,0 +1,131 @@
+"""The first thing a run's process does, forked or freshly started.
+
+It becomes its own session (the engine's signals and terminal are not its),
+takes the run's lock (so a run can never execute twice at once, whatever
+happened to the engine), points stdout/stderr at output.log, runs the worker,
+and leaves an exit record that a restarted engine can read.
+
+`python -m gridrun.engine.backends.child RUN_DIR [--fresh]` is the fresh
+interpreter path; the fork server calls `run` directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+LOCK = ".gridrun-lock"
+EXIT_RECORD = ".gridrun-exit"
+EXIT_ALREADY_RUNNING = 75  # kept equal to backends.base.EXIT_ALREADY_RUNNING
+
+
+def process_start_time(pid: int) -> float | None:
+    """The process's start time (seconds since the epoch), or None if it is gone."""
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:
+        return None
+
+
+def lock_holder(run_dir: str | os.PathLike) -> dict | None:
+    """{"pid", "start_time"} of the process holding the run's lock, or None if free."""
+    path = Path(run_dir) / LOCK
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            # a probe that takes the lock must drop it at once; F_TEST would be
+            # nicer but lockf has no test form for exclusive locks in Python
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                return json.loads(os.pread(fd, 200, 0) or b"{}") or {"pid": None}
+            except ValueError:
+                return {"pid": None, "start_time": None}
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_exit_record(run_dir: str | os.PathLike) -> dict | None:
+    try:
+        return json.loads((Path(run_dir) / EXIT_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run(run_dir: str, *, fresh: bool, cuda_visible_devices: str, close_fds: tuple[int, ...] = ()) -> int:
+    """Runs the worker in this process and returns its exit code. Never returns
+    control to a fork server: the caller `os._exit`s with the code."""
+    for fd in close_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    with contextlib.suppress(OSError):  # already a session leader (start_new_session)
+        os.setsid()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    # before anything can touch CUDA: the fork server never initialised it
+    os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+
+    run_path = Path(run_dir)
+    lock_fd = os.open(run_path / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.lockf(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return EXIT_ALREADY_RUNNING
+    pid = os.getpid()
+    start_time = process_start_time(pid)
+    os.ftruncate(lock_fd, 0)
+    os.pwrite(lock_fd, json.dumps({"pid": pid, "start_time": start_time}).encode(), 0)
+    (run_path / EXIT_RECORD).unlink(missing_ok=True)
+
+    out = os.open(run_path / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null = os.open(os.devnull, os.O_RDONLY)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    os.close(null)
+
+    try:
+        from gridrun.engine import worker
+
+        code = int(worker.main(run_dir, fresh=fresh))
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    tmp = run_path / (EXIT_RECORD + ".tmp")
+    tmp.write_text(json.dumps({"code": code, "pid": pid, "start_time": start_time}))
+    tmp.replace(run_path / EXIT_RECORD)
+    return code
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    fresh = "--fresh" in args
+    run_dir = next(a for a in args if not a.startswith("--"))
+    code = run(run_dir, fresh=fresh,
+               cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""The engine loop: give queued runs to free slots, watch them end, apply what
+clients asked for, sample telemetry, and after a restart adopt what still runs.
+
+One thread, one loop: `Engine.step()` applies intents, launches onto free
+slots, waits (up to a tick) for runs to end and records how they ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gridrun.engine import layout, states
+from gridrun.engine.backends.base import EXIT_ALREADY_RUNNING, Backend, Exited, Handle, Slot
+from gridrun.engine.spec import write_run_config
+from gridrun.engine.store import Run, Store
+
+log = logging.getLogger("gridrun.engine")
+
+MAX_RESTARTS = 3  # a run whose process keeps dying under it fails after this
+OUTPUT_TAIL_LINES = 30
+
+
+def gpu_count() -> int:
+    """GPUs NVML sees (0 without an NVIDIA driver); never initialises CUDA here."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return 0
+
+
+def slots_for(config: Any, gpus_available: int | None = None) -> list[Slot]:
+    """Slots from an EngineConfig: each GPU times runs_per_gpu, or cpu_slots without GPUs."""
+    gpus = config.gpus
+    if gpus == "auto":
+        gpus = range(gpu_count() if gpus_available is None else gpus_available)
+    gpus, per = list(gpus), max(1, int(config.runs_per_gpu))
+    if gpus:
+        return [Slot(f"gpu{g}" if per == 1 else f"gpu{g}.{k}", g) for g in gpus for k in range(per)]
+    return [Slot(f"cpu{i}") for i in range(max(1, int(config.cpu_slots)))]
+
+
+def output_tail(run_dir: Path, lines: int = OUTPUT_TAIL_LINES) -> str:
+    try:
+        with open(run_dir / layout.OUTPUT, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 16384))
+            return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / layout.SUMMARY).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class Active:
+    run_id: str
+    handle: Handle
+    slot: Slot | None
+    started_at: float
+    cancelling: bool = False
+
+
+class Engine:
+    def __init__(self, root: str | Path, backend: Backend, slots: list[Slot], *,
+                 store: Store | None = None, telemetry: Any = None, tick: float = 0.25,
+                 backoff: float = 10.0, cancel_grace: float = 30.0, stop_grace: float = 120.0,
+                 telemetry_every: float = 1.0, processes_every: float = 5.0):
+        self.root = Path(root)
+        self.store = store or Store(root)
+        self.backend, self.slots, self.telemetry = backend, slots, telemetry
+        self.tick, self.backoff = tick, backoff
+        self.cancel_grace, self.stop_grace = cancel_grace, stop_grace
+        self.telemetry_every, self.processes_every = telemetry_every, processes_every
+        self.active: dict[str, Active] = {}
+        self.stopping = False
+        self._next_sample = 0.0
+        self._next_processes = 0.0
+        self._processes: list = []
+
+    # ---- the loop -------------------------------------------------------------
+
+    def start(self) -> None:
+        self.backend.start()
+        self.recover()
+
+    def run(self) -> None:
+        """Until `request_stop()`; then running runs checkpoint and return to the queue."""
+        self.start()
+        while not (self.stopping and not self.active):
+            self.step()
+        self.backend.close()
+
+    def request_stop(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        log.info("stopping: %d running runs checkpoint and return to the queue", len(self.active))
+        for act in self.active.values():
+            self.backend.cancel(act.handle, self.stop_grace)
+
+    def step(self, timeout: float | None = None) -> None:
+        if not self.stopping:
+            self.apply_intents()
+            self.launch_ready()
+        for event in self.backend.poll(self.tick if timeout is None else timeout):
+            self.finished(event)
+        self.sample_telemetry()
+
+    def idle(self) -> bool:
+        return not self.active and not self.store.next_queued(1, now=float("inf"))
+
+    # ---- recovery ---------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Adopt runs whose process still runs; queue again those whose process is gone."""
+        for run in self.store.list_runs(status=states.RUNNING):
+            slot = self._free_slot(prefer=run.slot)
+            handle = self.backend.reattach(run.id, run.run_dir(self.root), run.pid,
+                                           run.pid_start_time, slot)
+            if handle is None:
+                self._requeue(run, "interrupted: its process was gone when the engine restarted")
+                continue
+            self.active[run.id] = Active(run.id, handle, slot, run.started_at or time.time())
+            self.store.transition(run.id, states.RUNNING, states.RUNNING, pid=handle.pid,
+                                  pid_start_time=handle.start_time,
+                                  slot=slot.name if slot else run.slot,
+                                  note="adopted after an engine restart")
+            log.info("adopted %s (pid %d)", run.id, handle.pid)
+
+    def _free_slot(self, prefer: str | None = None) -> Slot | None:
+        used = {a.slot.name for a in self.active.values() if a.slot}
+        free = [s for s in self.slots if s.name not in used]
+        return next((s for s in free if s.name == prefer), free[0] if free else None)
+
+    # ---- intents ----------------------------------------------------------------
+
+    def apply_intents(self) -> None:
+        for intent in self.store.intents(pending=True):
+            outcome = "ignored"
+            if intent.kind == "cancel":
+                act = self.active.get(intent.run_id)
+                if act is None:
+                    outcome = "not running here"
+                else:
+                    act.cancelling = True
+                    self.backend.cancel(act.handle, self.cancel_grace)
+                    outcome = "stopping"
+            self.store.mark_applied(intent.id, outcome)
+
+    # ---- launching --------------------------------------------------------------
+
+    def launch_ready(self) -> None:
+        if self.store.paused:
+            return
+        free = self._free_slots()
+        if not free:
+            return
+        for run in self.store.next_queued(len(free)):
+            slot = free.pop(0)
+            run_dir = layout.make_private_dir(run.run_dir(self.root))
+            # a process from an engine killed mid-launch may still run it: adopt, never double
+            handle = self.backend.reattach(run.id, run_dir, None, None, slot)
+            if handle is not None:
+                if self.store.transition(run.id, states.QUEUED, states.RUNNING, slot=slot.name,
+                                         pid=handle.pid, pid_start_time=handle.start_time,
+                                         started_at=time.time(), note="adopted a running process"):
+                    self.active[run.id] = Active(run.id, handle, slot, time.time())
+                continue
+            self._launch(run, run_dir, slot)
+
+    def _free_slots(self) -> list[Slot]:
+        used = {a.slot.name for a in self.active.values() if a.slot}
+        return [s for s in self.slots if s.name not in used]
+
+    def _launch(self, run: Run, run_dir: Path, slot: Slot) -> None:
+        now = time.time()
+        if not self.store.transition(run.id, states.QUEUED, states.RUNNING, slot=slot.name,
+                                     started_at=now, ended_at=None, pid=None, pid_start_time=None,
+                                     note=f"started on {slot.name}"):
+            return  # cancelled or taken meanwhile
+        try:
+            write_run_config(run_dir / layout.CONFIG, run.spec)
+            handle = self.backend.launch(run.id, run_dir, slot, fresh=run.fresh)
+        except Exception as e:
+            log.exception("could not launch %s", run.id)
+            self.store.transition(run.id, states.RUNNING, states.FAILED, ended_at=time.time(),
+                                  error=f"could not start: {e}", note="could not start")
+            return
+        self.active[run.id] = Active(run.id, handle, slot, now)
+        self.store.transition(run.id, states.RUNNING, states.RUNNING, pid=handle.pid,
+                              pid_start_time=handle.start_time, fresh=False)
+        log.info("launched %s on %s (pid %d)", run.id, slot.name, handle.pid)
+
+    # ---- endings ----------------------------------------------------------------
+
+    def finished(self, event: Exited) -> None:
+        act = self.active.pop(event.handle.run_id, None)
+        run_id = event.handle.run_id
+        try:
+            run = self.store.list_runs(ids=[run_id])[0]
+        except IndexError:
+            return
+        run_dir = run.run_dir(self.root)
+        summary = read_summary(run_dir)
+        code = event.code
+        if code is None and summary and (summary.get("ended_at") or 0) >= (run.started_at or 0):
+            code = states.EXIT_CODES.get(summary.get("status"))  # an adopted run's own account
+        if code == EXIT_ALREADY_RUNNING:
+            handle = self.backend.reattach(run_id, run_dir, None, None, act.slot if act else None)
+            if handle is not None:
+                self.active[run_id] = Active(run_id, handle, act.slot if act else None, time.time())
+                self.store.transition(run_id, states.RUNNING, states.RUNNING, pid=handle.pid,
+                                      pid_start_time=handle.start_time, note="adopted a running process")
+                return
+        cancelling = act is not None and act.cancelling
+        status = states.STATUS_OF_EXIT.get(code) if code is not None and code >= 0 else None
+        now = time.time()
+        common = {"ended_at": now, "summary": summary, "pid": None, "pid_start_time": None}
+        if status == states.COMPLETED:
+            self._end(run, states.COMPLETED, note="completed", **common)
+        elif cancelling and status in (states.INTERRUPTED, None):
+            self._end(run, states.CANCELLED, note="cancelled while running", **common)
+        elif status == states.INTERRUPTED or (status is None and self.stopping):
+            self._requeue(run, "interrupted: returned to the queue; resumes from its checkpoint")
+        elif status is None:
+            why = "its process died" + (f" (signal {-code})" if code is not None and code < 0 else "")
+            if run.restarts + 1 > MAX_RESTARTS:
+                self._end(run, states.FAILED, note=why, error=why + f" {run.restarts + 1} times\n\n"
+                          + output_tail(run_dir), **common)
+            else:
+                self._requeue(run, f"{why}; resumes from its checkpoint", restarts=run.restarts + 1)
+        elif status == states.OOM:
+            self._oom(run, summary, common)
+        elif status == states.DIVERGED:
+            step = (summary or {}).get("diverged_step")
+            self._end(run, states.DIVERGED, note=f"diverged at step {step}",
+                      error=(summary or {}).get("error"), **common)
+        else:
+            self._failed(run, code, summary, common)
+
+    def _end(self, run: Run, status: str, **fields: Any) -> None:
+        self.store.transition(run.id, states.RUNNING, status, slot=None, **fields)
+        log.info("%s %s", run.id, status)
+
+    def _requeue(self, run: Run, note: str, **fields: Any) -> None:
+        self.store.transition(run.id, states.RUNNING, states.QUEUED, slot=None, pid=None,
+                              pid_start_time=None, note=note, **fields)
+        log.info("%s %s", run.id, note)
+
+    def _failed(self, run: Run, code: int, summary: dict | None, common: dict) -> None:
+        s = summary or {}
+        error = "\n".join(x for x in (s.get("error") or f"exit code {code}", s.get("traceback"))
+                          if x)
+        tail = output_tail(run.run_dir(self.root))
+        error += "\n\n--- last lines of output.log ---\n" + tail if tail else ""
+        max_retries = int(run.config.get("trainer", {}).get("max_retries", 0))
+        if run.retries < max_retries:
+            delay = self.backoff * 2 ** run.retries
+            self._requeue(run, f"failed; retry {run.retries + 1} of {max_retries} in {delay:.0f} s",
+                          retries=run.retries + 1, not_before=time.time() + delay, error=error)
+        else:
+            self._end(run, states.FAILED, error=error, note="failed", **common)
+
+    def _oom(self, run: Run, summary: dict | None, common: dict) -> None:
+        trainer = run.config["trainer"]
+        batch, acc = int(trainer["batch_size"]), int(trainer["accumulate"])
+        if batch < 2 or any(a.get("kind") == "oom" for a in run.adjustments):
+            self._end(run, states.OOM, error=(summary or {}).get("error"),
+                      note="out of memory" + (" again after halving the batch" if batch >= 2 else ""),
+                      **common)
+            return
+        spec = run.spec.with_trainer(batch_size=batch // 2, accumulate=acc * 2)
+        change = {"kind": "oom", "t": time.time(), "batch_size": [batch, batch // 2],
+                  "accumulate": [acc, acc * 2]}
+        write_run_config(run.run_dir(self.root) / layout.CONFIG, spec)
+        self._requeue(run, f"out of memory: retrying with batch_size {batch // 2} and "
+                           f"accumulate {acc * 2} (same effective batch)",
+                      config=spec.to_dict(), adjustments=[*run.adjustments, change], fresh=True)
+
+    # ---- telemetry --------------------------------------------------------------
+
+    def sample_telemetry(self) -> None:
+        if self.telemetry is None:
+            return
+        now = time.monotonic()
+        if now < self._next_sample:
+            return
+        self._next_sample = now + self.telemetry_every
+        with contextlib.suppress(Exception):
+            sample = dict(self.telemetry.sample())
+            if now >= self._next_processes:
+                self._next_processes = now + self.processes_every
+                by_pid = {a.handle.pid: a.run_id for a in self.active.values()}
+                self._processes = [{**p, "run_id": by_pid.get(p.get("pid"))}
+                                   for p in self.telemetry.processes()]
+            sample["processes"] = self._processes
+            self.store.record_telemetry(sample)

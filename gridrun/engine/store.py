@@ -1,0 +1,447 @@
+"""The durable queue: SQLite at ROOT/gridrun.db. The only module that speaks SQL.
+
+Everyone opens their own `Store`: the engine (the only writer of launches and
+exits), CLIs and TUIs (which write intents). WAL lets readers never block the
+writer; every write is one short `BEGIN IMMEDIATE` transaction, and every
+state change is guarded (`UPDATE ... WHERE status = expected`), so two
+processes can never both take the same run.
+
+Each write to a run gives it the next value of a store-wide counter, `seq`,
+so a client polls `changes_since(last_seq)` and reads only what changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gridrun.engine import layout, states
+from gridrun.engine.spec import RunSpec
+
+RETRYABLE = (states.FAILED, states.DIVERGED, states.OOM, states.CANCELLED)
+ACTIVE = (states.QUEUED, states.RUNNING)
+TELEMETRY_KEEP = 3600  # samples: an hour at 1 Hz
+
+# Append only: each entry moves the schema from version i to i + 1.
+MIGRATIONS = [
+    """
+    CREATE TABLE runs (
+        id TEXT PRIMARY KEY, experiment TEXT NOT NULL, variant TEXT NOT NULL,
+        ablation TEXT NOT NULL DEFAULT '', seed INTEGER NOT NULL, config TEXT NOT NULL,
+        status TEXT NOT NULL, priority INTEGER NOT NULL DEFAULT 0,
+        attempt INTEGER NOT NULL DEFAULT 1, retries INTEGER NOT NULL DEFAULT 0,
+        restarts INTEGER NOT NULL DEFAULT 0, fresh INTEGER NOT NULL DEFAULT 0,
+        not_before REAL NOT NULL DEFAULT 0,
+        slot TEXT, pid INTEGER, pid_start_time REAL,
+        queued_at REAL NOT NULL, started_at REAL, ended_at REAL,
+        error TEXT, note TEXT, summary TEXT, provenance TEXT, adjustments TEXT,
+        seq INTEGER NOT NULL
+    );
+    CREATE INDEX runs_seq ON runs(seq);
+    CREATE INDEX runs_queue ON runs(status, priority DESC, queued_at);
+    CREATE TABLE intents (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, run_id TEXT,
+        value TEXT, created_at REAL NOT NULL, applied_at REAL, outcome TEXT
+    );
+    CREATE INDEX intents_pending ON intents(applied_at);
+    CREATE TABLE telemetry (t REAL NOT NULL, data TEXT NOT NULL);
+    CREATE INDEX telemetry_t ON telemetry(t);
+    CREATE TABLE state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    INSERT INTO state VALUES ('seq', '0'), ('paused', 'false');
+    """,
+]
+
+
+class RunNotFound(KeyError):
+    """No run, or more than one, matches an id prefix. str() is the message."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Run:
+    """One row of `runs`. `config` is `RunSpec.to_dict()` (the resolved config)."""
+
+    id: str
+    experiment: str
+    variant: str
+    ablation: str
+    seed: int
+    config: Mapping[str, Any]
+    status: str
+    priority: int
+    attempt: int  # 1, then +1 for each retry or forced re-run
+    retries: int  # automatic retries (max_retries) spent in this attempt
+    restarts: int  # times its process died under it and it was requeued
+    fresh: bool  # the next launch ignores checkpoints
+    not_before: float  # backoff: not launched before this unix time
+    slot: str | None  # "cpu0", "gpu1", ... while running
+    pid: int | None
+    pid_start_time: float | None
+    queued_at: float
+    started_at: float | None
+    ended_at: float | None
+    error: str | None  # the exception and the output tail of a failed run
+    note: str | None  # the latest thing that happened to it, for people
+    summary: Mapping[str, Any] | None  # summary.json at the end
+    provenance: Mapping[str, Any] | None  # git commit, dirty flag, diff hash
+    adjustments: tuple[Mapping[str, Any], ...]  # e.g. the OOM retry's batch change
+    seq: int
+
+    @property
+    def spec(self) -> RunSpec:
+        return RunSpec.from_dict(self.config)
+
+    def run_dir(self, root: str | os.PathLike) -> Path:
+        return layout.run_dir(root, self.experiment, self.id)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["config"], d["adjustments"] = dict(self.config), list(self.adjustments)
+        return d
+
+
+@dataclass(frozen=True)
+class Intent:
+    id: int
+    kind: str  # cancel | retry | priority | pause | resume
+    run_id: str | None
+    value: Any
+    created_at: float
+    applied_at: float | None
+    outcome: str | None
+
+
+@dataclass(frozen=True)
+class TelemetrySample:
+    t: float
+    data: Mapping[str, Any]  # whatever Telemetry().sample() returned
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, sort_keys=True)
+
+
+def _run(row: sqlite3.Row) -> Run:
+    d = dict(row)
+    d["config"] = json.loads(d["config"])
+    d["summary"], d["provenance"] = _loads(d["summary"]), _loads(d["provenance"])
+    d["adjustments"] = tuple(_loads(d["adjustments"]) or ())
+    d["fresh"] = bool(d["fresh"])
+    return Run(**d)
+
+
+class Store:
+    """A connection to ROOT/gridrun.db (created, 0600 in a 0700 root, on first use).
+
+    Safe to share between threads of one process (calls are serialised).
+    """
+
+    def __init__(self, root: str | os.PathLike, *, timeout: float = 30.0):
+        self.root = Path(root)
+        layout.make_private_dir(self.root)
+        self.path = self.root / layout.DB_NAME
+        if not self.path.exists():
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+        os.chmod(self.path, 0o600)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None,
+                                   check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+        self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: durable across crashes of us
+        self._migrate()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self._tx() as db:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(MIGRATIONS):
+                raise RuntimeError(f"{self.path} was written by a newer gridrun (schema {version})")
+            for i in range(version, len(MIGRATIONS)):
+                for statement in MIGRATIONS[i].split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(f"PRAGMA user_version = {i + 1}")
+
+    def _next_seq(self, db: sqlite3.Connection) -> int:
+        row = db.execute("UPDATE state SET value = CAST(value AS INTEGER) + 1 "
+                         "WHERE key = 'seq' RETURNING value").fetchone()
+        return int(row[0])
+
+    def _update(self, db: sqlite3.Connection, run_id: str, expected: Iterable[str] | None,
+                **fields: Any) -> bool:
+        """The guarded write every state change goes through."""
+        fields["seq"] = self._next_seq(db)
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        sql, args = f"UPDATE runs SET {sets} WHERE id = ?", [*fields.values(), run_id]
+        if expected is not None:
+            expected = list(expected)
+            sql += f" AND status IN ({', '.join('?' * len(expected))})"
+            args += expected
+        return db.execute(sql, args).rowcount == 1
+
+    # ---- reading --------------------------------------------------------------
+
+    def list_runs(self, *, status: str | Iterable[str] | None = None,
+                  experiment: str | None = None, ids: Iterable[str] | None = None) -> list[Run]:
+        """Runs in queue order (priority, then first in)."""
+        where, args = [], []
+        for column, value in (("status", status), ("id", ids)):
+            if value is not None:
+                values = [value] if isinstance(value, str) else list(value)
+                where.append(f"{column} IN ({', '.join('?' * len(values))})")
+                args += values
+        if experiment is not None:
+            where.append("experiment = ?")
+            args.append(experiment)
+        sql = "SELECT * FROM runs" + (f" WHERE {' AND '.join(where)}" if where else "")
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY priority DESC, queued_at, rowid", args).fetchall()
+        return [_run(r) for r in rows]
+
+    def get_run(self, prefix: str) -> Run:
+        """The run whose id starts with `prefix`; RunNotFound if none or several."""
+        return self.list_runs(ids=[self.resolve(prefix)])[0]
+
+    def resolve(self, prefix: str) -> str:
+        with self._lock:
+            found = [r[0] for r in self._db.execute(
+                "SELECT id FROM runs WHERE id >= ? AND id < ? LIMIT 6", (prefix, prefix + "\uffff"))]
+        if not found:
+            raise RunNotFound(f"no run matches {prefix!r}")
+        if len(found) > 1 and prefix not in found:
+            raise RunNotFound(f"{prefix!r} matches several runs ({', '.join(found[:5])}); "
+                              "give more characters")
+        return prefix if prefix in found else found[0]
+
+    def changes_since(self, seq: int = 0) -> tuple[list[Run], int]:
+        """Runs written after `seq`, and the seq to pass next time."""
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM runs WHERE seq > ? ORDER BY seq", (seq,)).fetchall()
+        runs = [_run(r) for r in rows]
+        return runs, max([seq, *(r.seq for r in runs)])
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute("SELECT status, COUNT(*) FROM runs GROUP BY status").fetchall()
+        return {status: n for status, n in rows}
+
+    # ---- queueing -------------------------------------------------------------
+
+    def enqueue(self, runs: Iterable[RunSpec], provenance: Mapping[str, Any] | None = None,
+                *, force: bool = False, priority: int = 0) -> tuple[list[str], list[str]]:
+        """Queue new runs. Returns (queued ids, skipped ids).
+
+        A run already queued, running or completed is skipped (its id is a
+        content hash, so it is the same cell); `force` queues a completed or
+        ended one again as a new attempt from scratch. A run that failed,
+        diverged, ran out of memory or was cancelled is queued again as a new
+        attempt without `force`.
+        """
+        queued, skipped = [], []
+        now = time.time()
+        prov = _dumps(provenance)
+        with self._tx() as db:
+            for spec in runs:
+                row = db.execute("SELECT status, attempt FROM runs WHERE id = ?", (spec.id,)).fetchone()
+                if row is None:
+                    db.execute(
+                        "INSERT INTO runs (id, experiment, variant, ablation, seed, config, status, "
+                        "priority, queued_at, provenance, seq) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                        (spec.id, spec.experiment, spec.variant, spec.ablation, spec.seed,
+                         json.dumps(spec.to_dict()), states.QUEUED, priority, now, prov,
+                         self._next_seq(db)))
+                    queued.append(spec.id)
+                    continue
+                status, attempt = row
+                again = status in RETRYABLE or (force and status == states.COMPLETED)
+                if not again:
+                    skipped.append(spec.id)
+                    continue
+                self._update(db, spec.id, [status], status=states.QUEUED, attempt=attempt + 1,
+                             config=json.dumps(spec.to_dict()), priority=priority, queued_at=now,
+                             provenance=prov, fresh=int(force), retries=0, restarts=0,
+                             not_before=0, error=None, slot=None, pid=None, pid_start_time=None,
+                             started_at=None, ended_at=None, adjustments=None,
+                             note="queued again" + (" (--force)" if force else ""))
+                queued.append(spec.id)
+        return queued, skipped
+
+    # ---- intents: what any client may ask -----------------------------------------
+
+    def _intent(self, db, kind: str, run_id: str | None, value: Any = None,
+                outcome: str | None = None) -> None:
+        now = time.time()
+        db.execute("INSERT INTO intents (kind, run_id, value, created_at, applied_at, outcome) "
+                   "VALUES (?,?,?,?,?,?)",
+                   (kind, run_id, _dumps(value), now, now if outcome else None, outcome))
+
+    def cancel(self, ids: Iterable[str]) -> dict[str, str]:
+        """Cancel runs: a queued one at once; a running one is stopped by the
+        engine (it checkpoints, then it is cancelled). Returns {id: outcome}."""
+        out = {}
+        with self._tx() as db:
+            for run_id in ids:
+                if self._update(db, run_id, [states.QUEUED], status=states.CANCELLED,
+                                ended_at=time.time(), note="cancelled while queued"):
+                    self._intent(db, "cancel", run_id, outcome="cancelled")
+                    out[run_id] = "cancelled"
+                elif self._status(db, run_id) == states.RUNNING:
+                    self._intent(db, "cancel", run_id)
+                    out[run_id] = "cancelling"
+                else:
+                    out[run_id] = f"not cancelled: it is {self._status(db, run_id)}"
+        return out
+
+    def retry(self, ids: Iterable[str]) -> dict[str, str]:
+        """Queue ended runs (failed, diverged, oom, cancelled) again as a new
+        attempt; it resumes from its last checkpoint. Returns {id: outcome}."""
+        out = {}
+        with self._tx() as db:
+            for run_id in ids:
+                row = db.execute("SELECT status, attempt FROM runs WHERE id = ?", (run_id,)).fetchone()
+                if row and self._update(db, run_id, RETRYABLE, status=states.QUEUED,
+                                        attempt=row[1] + 1, queued_at=time.time(), retries=0,
+                                        restarts=0, not_before=0, error=None, ended_at=None,
+                                        started_at=None, note=f"retried after {row[0]}"):
+                    self._intent(db, "retry", run_id, outcome="queued")
+                    out[run_id] = "queued"
+                else:
+                    out[run_id] = f"not retried: it is {row[0] if row else 'unknown'}"
+        return out
+
+    def set_priority(self, ids: Iterable[str], value: int, *, relative: bool = False) -> None:
+        """Set (or with `relative`, add to) the priority of runs. Higher runs first."""
+        with self._tx() as db:
+            for run_id in ids:
+                expr = "priority + ?" if relative else "?"
+                seq = self._next_seq(db)
+                db.execute(f"UPDATE runs SET priority = {expr}, seq = ? WHERE id = ?",
+                           (value, seq, run_id))
+                self._intent(db, "priority", run_id, value, outcome="set")
+
+    def pause(self) -> None:
+        """Stop launching; running runs finish."""
+        self._set_paused(True)
+
+    def resume(self) -> None:
+        self._set_paused(False)
+
+    def _set_paused(self, paused: bool) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE state SET value = ? WHERE key = 'paused'", (json.dumps(paused),))
+            self._intent(db, "pause" if paused else "resume", None, outcome="set")
+
+    @property
+    def paused(self) -> bool:
+        return bool(self.get_state("paused", False))
+
+    def intents(self, *, pending: bool = False, limit: int = 100) -> list[Intent]:
+        sql = "SELECT * FROM intents" + (" WHERE applied_at IS NULL" if pending else "")
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        return [Intent(**{**dict(r), "value": _loads(r["value"])}) for r in reversed(rows)]
+
+    def mark_applied(self, intent_id: int, outcome: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE intents SET applied_at = ?, outcome = ? WHERE id = ?",
+                       (time.time(), outcome, intent_id))
+
+    def _status(self, db, run_id: str) -> str | None:
+        row = db.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return row[0] if row else None
+
+    # ---- engine state ---------------------------------------------------------
+
+    def get_state(self, key: str, default: Any = None) -> Any:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+        return default if row is None else json.loads(row[0])
+
+    def set_state(self, key: str, value: Any) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", (key, json.dumps(value)))
+
+    # ---- transitions (the engine's) ---------------------------------------------
+
+    def next_queued(self, limit: int, now: float | None = None) -> list[Run]:
+        """Queued runs ready to launch: highest priority first, then first in."""
+        now = time.time() if now is None else now
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM runs WHERE status = ? AND not_before <= ? "
+                "ORDER BY priority DESC, queued_at, rowid LIMIT ?", (states.QUEUED, now, limit)).fetchall()
+        return [_run(r) for r in rows]
+
+    def transition(self, run_id: str, expected: str | Iterable[str], status: str,
+                   **fields: Any) -> bool:
+        """Move a run to `status` only if it is in `expected`; False if someone
+        else moved it first. JSON fields (summary, config, adjustments) may be
+        given as Python values."""
+        for key in ("summary", "config", "adjustments", "provenance"):
+            if key in fields and not isinstance(fields[key], str | None):
+                fields[key] = _dumps(list(fields[key]) if key == "adjustments" else fields[key])
+        for key in ("fresh",):
+            if key in fields:
+                fields[key] = int(fields[key])
+        expected = [expected] if isinstance(expected, str) else list(expected)
+        with self._tx() as db:
+            return self._update(db, run_id, expected, status=status, **fields)
+
+    # ---- telemetry ------------------------------------------------------------
+
+    def record_telemetry(self, data: Mapping[str, Any], t: float | None = None,
+                         keep: int = TELEMETRY_KEEP) -> None:
+        """Append a sample; keeps only the latest `keep` samples."""
+        t = time.time() if t is None else t
+        with self._tx() as db:
+            cur = db.execute("INSERT INTO telemetry (t, data) VALUES (?, ?)", (t, json.dumps(data)))
+            if cur.lastrowid % 64 == 0:  # trim now and then, not on every write
+                db.execute("DELETE FROM telemetry WHERE rowid <= ?", (cur.lastrowid - keep,))
+
+    def latest_telemetry(self) -> TelemetrySample | None:
+        with self._lock:
+            row = self._db.execute("SELECT t, data FROM telemetry ORDER BY rowid DESC LIMIT 1").fetchone()
+        return None if row is None else TelemetrySample(row[0], json.loads(row[1]))
+
+    def telemetry_since(self, t: float, limit: int = TELEMETRY_KEEP) -> list[TelemetrySample]:
+        """Samples taken after unix time `t`, oldest first."""
+        with self._lock:
+            rows = self._db.execute("SELECT t, data FROM telemetry WHERE t > ? ORDER BY t LIMIT ?",
+                                    (t, limit)).fetchall()
+        return [TelemetrySample(r[0], json.loads(r[1])) for r in rows]
