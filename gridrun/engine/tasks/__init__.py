@@ -16,6 +16,8 @@ Direction = Literal["lower", "higher"]
 
 BUILTIN: dict[str, str] = {
     "spirals": "gridrun.engine.tasks.spirals:spirals",
+    "shapes": "gridrun.engine.tasks.shapes:shapes",
+    "sort": "gridrun.engine.tasks.sort:sort",
 }
 
 
