@@ -360,7 +360,12 @@ def _check_axes(c: _Checker, exp: str, kind: str, table: Any, params: dict[str, 
                 break
             cleaned.append(value)
         else:
-            axes[key] = tuple(cleaned)
+            repeated = [v for i, v in enumerate(cleaned) if v in cleaned[:i]]
+            if repeated:  # 1e-3 and 0.001 are one value: the cells would be the same runs
+                c.add(f"the value {_format_value(repeated[0])} is listed twice: both cells would be "
+                      "the same runs", *path, key, experiment=exp, key=f"{kind}.{key}")
+            else:
+                axes[key] = tuple(cleaned)
     return axes
 
 

@@ -35,7 +35,10 @@ class Problem:
                 where += f":{self.column}"
         parts = [where + ":"]
         if self.experiment is not None:
-            parts.append(f"[experiments.{self.experiment}]")
+            name = self.experiment
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                name = f'"{name}"'  # as TOML would need it quoted
+            parts.append(f"[experiments.{name}]")
         if self.key is not None:
             parts.append(f"{self.key}:")
         parts.append(self.message)
