@@ -1,7 +1,261 @@
-"""(not built yet)"""
+"""The queue and the background engine: queue, run, engine, ls, logs, cancel, retry, pause, resume.
+
+Every command reads or writes the store under the runs root; the engine
+applies what they ask. Run ids accept unique prefixes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
+
+FileArg = Annotated[Path, typer.Argument(help="The experiment file (TOML).", exists=True,
+                                         dir_okay=False, readable=True)]
+RunsArg = Annotated[list[str], typer.Argument(help="Run ids (unique prefixes are enough).")]
+
+
+def provenance(cwd: Path | None = None) -> dict:
+    """The git commit of the working directory, whether it is dirty, and a hash of the diff."""
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.decode(errors="replace") if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return {"git_commit": None, "dirty": None, "diff_sha256": None, "queued_at": time.time()}
+    diff = git("diff", "HEAD") or ""
+    untracked = git("status", "--porcelain") or ""
+    return {"git_commit": commit.strip(), "dirty": bool(untracked.strip()),
+            "diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None,
+            "queued_at": time.time()}
+
+
+def _store(root: Path):
+    from gridrun.engine.store import Store
+
+    return Store(root)
+
+
+def _resolve(store, prefixes: list[str]) -> list[str]:
+    from gridrun.engine.store import RunNotFound
+
+    try:
+        return [store.resolve(p) for p in prefixes]
+    except RunNotFound as e:
+        fail(str(e))
+
+
+def _queue(file: Path, root: Path, force: bool) -> tuple[list, list[str], list[str]]:
+    from gridrun.engine.spec import SpecError, load_runs
+
+    try:
+        runs = load_runs(file, force=force)
+    except SpecError as e:
+        fail(f"{e}\nnothing was queued")
+    with _store(root) as store:
+        queued, skipped = store.enqueue(runs, provenance(file.resolve().parent), force=force)
+    typer.echo(f"queued {len(queued)} run{'s' * (len(queued) != 1)} from {file}"
+               + (f"; skipped {len(skipped)} already queued, running or completed"
+                  " (--force runs them again)" if skipped else ""))
+    return runs, queued, skipped
+
+
+def queue(file: FileArg, force: Annotated[bool, typer.Option(
+              "--force", help="Run cells again even if they already completed.")] = False,
+          root: RootOption = DEFAULT_ROOT) -> None:
+    """Validate an experiment file and queue its runs (nothing is queued on any error)."""
+    from gridrun.engine import daemon
+
+    _queue(file, root, force)
+    if not daemon.status(root).running:
+        typer.echo(f"the engine is not running: start it with `gridrun engine start --root {root}`")
+
+
+def run(file: FileArg,
+        wait: Annotated[bool, typer.Option("--wait", help="Block without a display until the "
+                                           "file's runs end; exit 1 if any did not complete.")] = False,
+        force: Annotated[bool, typer.Option("--force", help="Run completed cells again.")] = False,
+        root: RootOption = DEFAULT_ROOT) -> None:
+    """Queue an experiment file, make sure the engine runs, and follow the runs."""
+    from gridrun.engine import daemon
+    from gridrun.engine.spec import SpecError, load_engine_config
+
+    try:
+        config = load_engine_config(file)
+    except SpecError as e:
+        fail(f"{e}\nnothing was queued")
+    runs, _, _ = _queue(file, root, force)
+    try:
+        st = daemon.start(root, config)
+    except RuntimeError as e:
+        fail(str(e), 1)
+    typer.echo(f"engine running (pid {st.pid}); log: {st.log}")
+    from gridrun.commands.follow import follow
+
+    try:
+        ok = follow(root, [r.id for r in runs], live=not wait and sys.stdout.isatty())
+    except KeyboardInterrupt:
+        typer.echo(f"\ndetached: the runs go on in the background. Come back with "
+                   f"`gridrun run {file} --root {root}` (it queues nothing new), `gridrun ls` or `gridrun`.")
+        raise typer.Exit(0) from None
+    _results(root, file, runs)
+    raise typer.Exit(0 if ok else 1)
+
+
+def _results(root: Path, file: Path, runs: list) -> None:
+    experiments = sorted({r.experiment for r in runs})
+    typer.echo("results: " + ", ".join(str(root / e) for e in experiments))
+    try:
+        from gridrun.engine import analysis
+    except ImportError:
+        return
+    try:
+        table = analysis.comparison_text(root, experiments)  # the analysis engineer's API
+        typer.echo(table)
+        typer.echo(f"export: gridrun export {file} --root {root}")
+    except Exception:
+        pass
+
+
+def engine_start(root: RootOption = DEFAULT_ROOT) -> None:
+    """Start the background engine for this root (one per root)."""
+    from gridrun.engine import daemon
+
+    try:
+        st = daemon.start(root)
+    except RuntimeError as e:
+        fail(str(e), 1)
+    typer.echo(f"engine running (pid {st.pid}); log: {st.log}")
+
+
+def engine_stop(root: RootOption = DEFAULT_ROOT,
+                force: Annotated[bool, typer.Option("--force", help="SIGKILL (runs resume at "
+                                                    "the next start).")] = False) -> None:
+    """Stop the engine: running runs checkpoint and return to the queue."""
+    from gridrun.engine import daemon
+
+    try:
+        stopped = daemon.stop(root, force=force)
+    except RuntimeError as e:
+        fail(str(e), 1)
+    typer.echo("engine stopped" if stopped else "the engine was not running")
+
+
+def engine_status(root: RootOption = DEFAULT_ROOT,
+                  as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Whether the engine runs, and the queue's counts."""
+    from gridrun.engine import daemon
+
+    st = daemon.status(root)
+    with _store(root) as store:
+        counts, paused = store.counts(), store.paused
+    if as_json:
+        typer.echo(json.dumps({"running": st.running, "pid": st.pid, "paused": paused,
+                               "counts": counts, "log": str(st.log)}))
+        return
+    typer.echo(f"engine: {f'running (pid {st.pid})' if st.running else 'not running'}"
+               + (" · paused" if paused else "") + f" · root {root}")
+    typer.echo("runs: " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"))
+
+
+def ls(root: RootOption = DEFAULT_ROOT,
+       as_json: Annotated[bool, typer.Option("--json", help="One JSON array of runs.")] = False,
+       status: Annotated[str | None, typer.Option(help="Only runs in this state.")] = None,
+       experiment: Annotated[str | None, typer.Option(help="Only this experiment.")] = None) -> None:
+    """List runs in queue order."""
+    with _store(root) as store:
+        runs = store.list_runs(status=status, experiment=experiment)
+    if as_json:
+        typer.echo(json.dumps([r.to_dict() for r in runs], indent=1, default=str))
+        return
+    if not runs:
+        typer.echo("no runs")
+        return
+    typer.echo(f"{'ID':<10}  {'STATUS':<10}  {'EXPERIMENT':<16}  {'VARIANT':<24}  SEED  NOTE")
+    for r in runs:
+        typer.echo(f"{r.id:<10}  {r.status:<10}  {r.experiment[:16]:<16}  "
+                   f"{(r.variant or 'baseline')[:24]:<24}  {r.seed:>4}  {r.note or ''}")
+
+
+def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough).")],
+         follow_: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing until the "
+                                               "run ends.")] = False,
+         root: RootOption = DEFAULT_ROOT) -> None:
+    """Print a run's output.log."""
+    from gridrun.engine import layout, states
+
+    with _store(root) as store:
+        run_id = _resolve(store, [run_id])[0]
+        run_ = store.get_run(run_id)
+        path = run_.run_dir(root) / layout.OUTPUT
+        offset = 0
+        while True:
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except FileNotFoundError:
+                data = b""
+            if data:
+                sys.stdout.write(data.decode(errors="replace"))
+                sys.stdout.flush()
+                offset += len(data)
+            if not follow_ or store.get_run(run_id).status in states.FINISHED:
+                return
+            time.sleep(0.5)
+
+
+def cancel(runs: RunsArg, root: RootOption = DEFAULT_ROOT) -> None:
+    """Cancel runs: queued ones at once; running ones checkpoint and stop."""
+    with _store(root) as store:
+        for run_id, outcome in store.cancel(_resolve(store, runs)).items():
+            typer.echo(f"{run_id}: {outcome}")
+
+
+def retry(runs: RunsArg, root: RootOption = DEFAULT_ROOT) -> None:
+    """Queue failed, diverged, out-of-memory or cancelled runs again (they resume from their checkpoint)."""
+    with _store(root) as store:
+        for run_id, outcome in store.retry(_resolve(store, runs)).items():
+            typer.echo(f"{run_id}: {outcome}")
+
+
+def pause(root: RootOption = DEFAULT_ROOT) -> None:
+    """Launch nothing new; running runs finish."""
+    with _store(root) as store:
+        store.pause()
+    typer.echo("paused: running runs finish, nothing new starts (`gridrun resume` to go on)")
+
+
+def resume(root: RootOption = DEFAULT_ROOT) -> None:
+    """Launch queued runs again after `gridrun pause`."""
+    with _store(root) as store:
+        store.resume()
+    typer.echo("resumed")
+
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command()(queue)
+    app.command()(run)
+    app.command()(ls)
+    app.command()(logs)
+    app.command()(cancel)
+    app.command()(retry)
+    app.command()(pause)
+    app.command()(resume)
+    group = typer.Typer(help="Start, stop or ask about the background engine.", no_args_is_help=True)
+    group.command("start")(engine_start)
+    group.command("stop")(engine_stop)
+    group.command("status")(engine_status)
+    app.add_typer(group, name="engine")

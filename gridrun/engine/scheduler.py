@@ -304,11 +304,12 @@ class Engine:
             return
         self._next_sample = now + self.telemetry_every
         with contextlib.suppress(Exception):
-            sample = dict(self.telemetry.sample())
+            sample = self.telemetry.sample()
+            sample = sample.to_dict() if hasattr(sample, "to_dict") else dict(sample)
             if now >= self._next_processes:
                 self._next_processes = now + self.processes_every
                 by_pid = {a.handle.pid: a.run_id for a in self.active.values()}
-                self._processes = [{**p, "run_id": by_pid.get(p.get("pid"))}
-                                   for p in self.telemetry.processes()]
+                self._processes = [{"pid": pid, "gpu": gpu, "run_id": by_pid.get(pid)}
+                                   for pid, gpu in self.telemetry.processes().items()]
             sample["processes"] = self._processes
-            self.store.record_telemetry(sample)
+            self.store.record_telemetry(sample, t=sample.get("t"))

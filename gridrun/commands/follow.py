@@ -1,0 +1,77 @@
+"""`gridrun run` follows its runs: a progress bar per active run and an overall count."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+BAR = 20
+
+
+def _progress(run, root: Path, offsets: dict, last: dict) -> str:
+    from gridrun.engine import layout, runlog
+
+    path = run.run_dir(root) / layout.METRICS
+    records, offsets[run.id] = runlog.read_from(path, offsets.get(run.id, 0))
+    for rec in records:
+        if rec.get("split") == "train":
+            last[run.id] = rec
+    rec = last.get(run.id, {})
+    trainer = run.config.get("trainer", {})
+    epochs, max_steps = trainer.get("epochs") or 1, trainer.get("max_steps") or 0
+    step, epoch = rec.get("step", 0), rec.get("epoch", 0)
+    frac = step / max_steps if max_steps else epoch / epochs
+    frac = min(1.0, max(0.0, frac))
+    filled = int(frac * BAR)
+    loss = rec.get("loss")
+    return (f"  {run.id}  {(run.variant or 'baseline')[:22]:<22} s{run.seed:<2} "
+            f"[{'#' * filled}{'.' * (BAR - filled)}] epoch {epoch}/{epochs} step {step}"
+            + (f" loss {loss:.4f}" if isinstance(loss, int | float) else ""))
+
+
+def follow(root: Path, ids: list[str], *, live: bool, interval: float = 0.5) -> bool:
+    """Until every run in `ids` has ended; True if all completed. Ctrl-C raises KeyboardInterrupt."""
+    from gridrun.engine import daemon, states
+    from gridrun.engine.store import Store
+
+    offsets: dict = {}
+    last: dict = {}
+    drawn = 0
+    previous = None
+    next_engine_check = 0.0
+    with Store(root) as store:
+        while True:
+            runs = store.list_runs(ids=ids)
+            counts: dict[str, int] = {}
+            for r in runs:
+                counts[r.status] = counts.get(r.status, 0) + 1
+            ended = sum(counts.get(s, 0) for s in states.FINISHED)
+            overall = (f"{ended}/{len(runs)} ended · {counts.get(states.RUNNING, 0)} running · "
+                       f"{counts.get(states.QUEUED, 0)} queued"
+                       + "".join(f" · {counts[s]} {s}" for s in states.FINISHED
+                                 if s != states.COMPLETED and counts.get(s)))
+            if store.paused:
+                overall += " · paused (gridrun resume)"
+            if live:
+                width = shutil.get_terminal_size().columns
+                lines = [_progress(r, root, offsets, last)[:width]
+                         for r in runs if r.status == states.RUNNING] + [overall]
+                sys.stdout.write("\x1b[1A\x1b[2K" * drawn + "\n".join(lines) + "\n")
+                sys.stdout.flush()
+                drawn = len(lines)
+            elif overall != previous:
+                typer.echo(overall)
+                previous = overall
+            if ended == len(runs):
+                return counts.get(states.COMPLETED, 0) == len(runs)
+            if time.monotonic() >= next_engine_check:
+                next_engine_check = time.monotonic() + 2.0
+                if not daemon.status(root).running:
+                    typer.echo(f"the engine is not running; the runs wait in the queue. "
+                               f"Start it with `gridrun engine start --root {root}`.", err=True)
+                    return False
+            time.sleep(interval)
