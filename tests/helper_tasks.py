@@ -16,7 +16,14 @@ from gridrun.engine.tasks.spirals import spirals
 
 def slow_spirals(step_sleep: float = 0.05, **kwargs) -> Task:
     """spirals whose every training batch sleeps, so a test can kill a run mid-training."""
-    task = spirals(**kwargs)
+    return slow("spirals", step_sleep, **kwargs)
+
+
+def slow(inner_task: str = "spirals", step_sleep: float = 0.05, **kwargs) -> Task:
+    """Any built-in task, sleeping on every training batch."""
+    from gridrun.engine.tasks import resolve
+
+    task = resolve(inner_task)(**kwargs)
     inner = task.loss
 
     def loss(model, batch):

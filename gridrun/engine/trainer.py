@@ -125,6 +125,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         step, epoch, position = 0, 0, 0
         best: dict[str, Any] = {"value": None, "step": None, "metrics": {}, "bad_evals": 0}
         pending: list[torch.Tensor] = []  # per-micro-batch losses since the last log point
+        layout.make_private_dir(run_dir)
         writer = MetricsWriter(run_dir / layout.METRICS)
         state = None if fresh else checkpoint.load(ckpt_dir / "last.pt", device)
         if state is None:

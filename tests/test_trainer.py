@@ -1,0 +1,175 @@
+"""The training loop: determinism, accumulation, schedules, divergence, eval mode,
+failures, crash-safe checkpoints, and no host sync per step."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gridrun.engine import checkpoint, layout, runlog, states
+from gridrun.engine.optim import lr_at
+from gridrun.engine.spec import TRAINER_KEYS, RunSpec
+from gridrun.engine.tasks.spirals import spirals
+from gridrun.engine.trainer import evaluate, train
+
+TIMING = {"t", "samples_per_s", "step_time", "tokens_per_s"}
+QUIET = {"log": lambda s: None}
+
+
+def spec(task="spirals", task_args=None, seed=0, **trainer) -> RunSpec:
+    cfg = {k: key.default for k, key in TRAINER_KEYS.items()}
+    cfg.update(epochs=2, batch_size=64, log_every=4)
+    cfg.update(trainer)
+    args = {"train_size": 512, "val_size": 128} if task_args is None else task_args
+    return RunSpec(id="r", experiment="t", variant="", seed=seed, task=task, trainer=cfg,
+                   task_args=args, axes={})
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return checkpoint.load(run_dir / layout.CHECKPOINTS / "last.pt")["model"]
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING}
+            for r in runlog.read_all(run_dir / layout.METRICS)]
+
+
+def test_same_cell_twice_is_identical_and_another_seed_differs(tmp_path):
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for d, seed in ((a, 0), (b, 0), (c, 1)):
+        assert train(spec(seed=seed), d, **QUIET)["status"] == states.COMPLETED
+    assert metrics(a) == metrics(b)
+    assert all(torch.equal(weights(a)[k], weights(b)[k]) for k in weights(a))
+    assert metrics(a) != metrics(c)
+    assert {r["split"] for r in metrics(a)} == {"train", "val"}
+
+
+@pytest.mark.parametrize("task", ["shapes", "sort"])
+def test_builtin_tasks_learn_and_are_deterministic(tmp_path, task):
+    args = {"train_size": 256, "val_size": 64}
+    s1 = train(spec(task, args, epochs=3, batch_size=32, lr=3e-3), tmp_path / "a", **QUIET)
+    train(spec(task, args, epochs=3, batch_size=32, lr=3e-3), tmp_path / "b", **QUIET)
+    assert s1["status"] == states.COMPLETED, s1["error"]
+    assert metrics(tmp_path / "a") == metrics(tmp_path / "b")
+    first_val = next(r for r in metrics(tmp_path / "a") if r["split"] == "val")
+    assert s1["final"]["loss"] < first_val["loss"] or s1["final"]["accuracy"] > 0.4
+    if task == "sort":
+        assert s1["tokens_per_s"] > 0
+        assert all("tokens_per_s" in r for r in runlog.read_all(tmp_path / "a" / layout.METRICS)
+                   if r["split"] == "train")
+
+
+def test_accumulation_matches_a_big_batch(tmp_path):
+    common = dict(epochs=2, optimizer="sgd", momentum=0.0, lr=0.05, warmup=0, schedule="constant")
+    train(spec("helper_tasks:linear", {}, batch_size=64, accumulate=1, **common), tmp_path / "a", **QUIET)
+    train(spec("helper_tasks:linear", {}, batch_size=16, accumulate=4, **common), tmp_path / "b", **QUIET)
+    wa, wb = weights(tmp_path / "a"), weights(tmp_path / "b")
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-12)
+
+
+def test_lr_schedules_at_known_steps():
+    cfg = {k: key.default for k, key in TRAINER_KEYS.items()}
+    cfg.update(lr=1.0, min_lr=0.0, warmup=10)
+    cos = {**cfg, "schedule": "cosine"}
+    assert lr_at(0, cos, 110) == pytest.approx(0.1)
+    assert lr_at(9, cos, 110) == pytest.approx(1.0)
+    assert lr_at(10, cos, 110) == pytest.approx(1.0)
+    assert lr_at(60, cos, 110) == pytest.approx(0.5)
+    assert lr_at(110, cos, 110) == pytest.approx(0.0, abs=1e-12)
+    assert lr_at(35, {**cfg, "schedule": "linear"}, 110) == pytest.approx(0.75)
+    assert lr_at(35, {**cfg, "schedule": "step", "step_size": 20, "gamma": 0.5}, 110) == pytest.approx(0.5)
+    assert lr_at(50, {**cfg, "schedule": "constant"}, 110) == 1.0
+    frac = {**cfg, "warmup": 0.1, "schedule": "cosine"}
+    assert lr_at(4, frac, 100) == pytest.approx(0.5)
+    one = {**cfg, "warmup": 0.0, "schedule": "onecycle"}  # 30% rise from lr/25
+    assert lr_at(0, one, 100) == pytest.approx(1 / 25)
+    assert lr_at(30, one, 100) == pytest.approx(1.0)
+    assert lr_at(15, one, 100) == pytest.approx((1 / 25 + 1) / 2)
+    assert lr_at(99, one, 100) == pytest.approx(1 / 25e4)
+
+
+def test_huge_lr_diverges_quickly_without_a_bad_checkpoint(tmp_path):
+    s = train(spec(optimizer="sgd", lr=1e6, warmup=0, schedule="constant", checkpoint_every=1,
+                   log_every=50), tmp_path, **QUIET)
+    assert s["status"] == states.DIVERGED
+    assert isinstance(s["diverged_step"], int) and 1 <= s["diverged_step"] <= 8
+    last = checkpoint.load(tmp_path / layout.CHECKPOINTS / "last.pt")
+    if last is not None:
+        assert last["step"] < s["diverged_step"]
+        assert all(torch.isfinite(v).all() for v in last["model"].values())
+
+
+def test_evaluation_is_in_eval_mode_and_restores_train_mode():
+    task = spirals(hidden=32, dropout=0.5, train_size=64, val_size=256)
+    loader = torch.utils.data.DataLoader(task.val_data, batch_size=64)
+    task.model.train()
+    first = evaluate(task.model, task, loader, torch.device("cpu"), torch.autocast("cpu", enabled=False))
+    second = evaluate(task.model, task, loader, torch.device("cpu"), torch.autocast("cpu", enabled=False))
+    assert first == second
+    assert task.model.training
+
+
+def test_task_exception_fails_with_traceback(tmp_path):
+    s = train(spec("helper_tasks:crash", {"at_step": 3}), tmp_path, **QUIET)
+    assert s["status"] == states.FAILED
+    assert "injected crash" in s["error"] and "Traceback" in s["traceback"]
+
+
+def test_out_of_memory_is_its_own_status(tmp_path):
+    s = train(spec("helper_tasks:oom_above", {"max_batch": 16}, batch_size=32), tmp_path, **QUIET)
+    assert s["status"] == states.OOM and s["peak_memory_bytes"] > 0
+    s = train(spec("helper_tasks:oom_above", {"max_batch": 16}, batch_size=16), tmp_path / "ok", **QUIET)
+    assert s["status"] == states.COMPLETED
+
+
+def test_early_stopping_honours_direction_and_keeps_best(tmp_path):
+    s = train(spec(epochs=30, lr=0.05, early_stop_metric="accuracy", early_stop_patience=2,
+                   eval_every=4), tmp_path, **QUIET)
+    assert s["status"] == states.COMPLETED
+    assert s["step"] < s["total_steps"]
+    vals = [r["accuracy"] for r in metrics(tmp_path) if r["split"] == "val"]
+    assert s["best"]["accuracy"] == max(vals)
+    assert checkpoint.load(tmp_path / layout.CHECKPOINTS / "best.pt")["step"] == s["best_step"]
+
+
+def test_crash_while_writing_a_checkpoint_leaves_the_previous_one(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    checkpoint.save({"step": 1, "w": torch.ones(3)}, path)
+
+    def torn_save(obj, f):
+        f.write(b"half a checkpoint")
+        raise KeyboardInterrupt("killed while writing")
+
+    monkeypatch.setattr(torch, "save", torn_save)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save({"step": 2, "w": torch.zeros(3)}, path)
+    monkeypatch.undo()
+    assert checkpoint.load(path)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_at_most_one_round_of_host_reads_per_log_point(tmp_path, monkeypatch):
+    """Count reads of tensor values made by gridrun's own code during training."""
+    reads = []
+    for name in ("item", "tolist", "__float__", "__bool__", "__int__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _original=original, _name=name, **k):
+            caller = sys._getframe(1).f_code.co_filename
+            if "gridrun" in caller and "tasks" not in caller:
+                reads.append(_name)
+            return _original(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    s = train(spec(epochs=3, log_every=7), tmp_path, **QUIET)
+    monkeypatch.undo()
+    steps = s["total_steps"]  # 7 steps an epoch: a log point, an eval and a checkpoint each
+    assert steps == 21
+    log_points, evals, checkpoints = math.ceil(steps / 7), 3, 3
+    assert len(reads) <= log_points + evals + checkpoints
+    assert len(reads) < steps
