@@ -1,10 +1,41 @@
-"""`gridrun` with no command, and `gridrun tui`: the interface (not built yet)."""
+"""`gridrun` with no command, and `gridrun tui [FILE]`: the interface.
+
+Textual and the app are imported inside the functions, so other commands
+never pay for them; the app itself never imports torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
 
 import typer
+
+from gridrun.commands.common import DEFAULT_ROOT, RootOption
+
+
+def open_app(root: Path, file: Path | None = None) -> None:
+    from gridrun.tui.app import GridrunApp
+    from gridrun.tui.store_source import StoreSource
+
+    app = GridrunApp(StoreSource(root))
+    if file is not None:
+        app.queue_on_start = str(file)
+    app.run()
 
 
 def register(app: typer.Typer) -> None:
     @app.callback(invoke_without_command=True)
-    def default(ctx: typer.Context) -> None:
+    def default(ctx: typer.Context, root: RootOption = DEFAULT_ROOT) -> None:
+        """With no command: open the interface on the runs root."""
         if ctx.invoked_subcommand is None:
-            typer.echo(ctx.get_help())
+            open_app(root)
+
+    @app.command()
+    def tui(
+        file: Annotated[Path | None, typer.Argument(
+            help="An experiment file to offer for queueing at start.", dir_okay=False)] = None,
+        root: RootOption = DEFAULT_ROOT,
+    ) -> None:
+        """Open the interface: watch the queue, curves and GPUs; queue, cancel and compare."""
+        open_app(root, file)

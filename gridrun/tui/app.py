@@ -1,0 +1,98 @@
+"""The gridrun app: a data source in, a bridge thread, and the screens.
+
+`GridrunApp(source)` takes anything that follows `gridrun.tui.source.Source`;
+`gridrun tui` passes a `StoreSource`, tests a `FakeSource`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from textual import work
+from textual.app import App
+from textual.worker import Worker, WorkerState, get_current_worker
+
+from gridrun.tui.bridge import Bridge, EngineStateChanged, GpuSampled, MetricsArrived, RunsChanged
+from gridrun.tui.screens.main import MainScreen
+from gridrun.tui.source import Source
+
+GOODBYE = "gridrun: the engine keeps running; `gridrun` opens this view again."
+
+
+class GridrunApp(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "gridrun"
+    ENABLE_COMMAND_PALETTE = False
+
+    def __init__(self, source: Source, *, clock: Callable[[], float] = time.time,
+                 interval: float = 0.33, live: bool = True) -> None:
+        super().__init__()
+        self.source, self.clock, self.interval = source, clock, interval
+        self.bridge = Bridge(source)
+        self.live = live  # snapshot tests: one poll, no clock ticks
+        self.ticks = 0  # bridge ticks done (tests wait on it)
+        self.queue_on_start: str | None = None  # `gridrun tui FILE`
+
+    @property
+    def main(self) -> MainScreen:
+        return self.get_screen("main")
+
+    def on_mount(self) -> None:
+        self.install_screen(MainScreen(), "main")
+        self.push_screen("main")
+        if self.queue_on_start:
+            from gridrun.tui.screens.dialogs import QueueScreen
+            self.push_screen(QueueScreen(self.queue_on_start))
+        self.poll()
+        if self.live:
+            self.set_interval(1.0, self.main.clock_ticked)
+
+    @work(thread=True, group="bridge", name="bridge", exit_on_error=False)
+    def poll(self) -> None:
+        """The bridge: ask the source what changed, post it, sleep, again."""
+        worker = get_current_worker()
+        while not worker.is_cancelled:
+            for message in self.bridge.tick():
+                self.post_message(message)
+            self.call_from_thread(self._ticked)
+            if not self.live:
+                return
+            time.sleep(self.interval)
+
+    def _ticked(self) -> None:
+        self.ticks += 1
+
+    def on_runs_changed(self, message: RunsChanged) -> None:
+        self.main.runs_changed(message.runs)
+
+    def on_engine_state_changed(self, message: EngineStateChanged) -> None:
+        self.main.engine_changed(message.engine)
+
+    def on_gpu_sampled(self, message: GpuSampled) -> None:
+        self.main.machine_sampled(message.machine)
+
+    def on_metrics_arrived(self, message: MetricsArrived) -> None:
+        for screen in self.screen_stack:
+            if hasattr(screen, "metrics_arrived"):
+                screen.metrics_arrived(message.run_id, message.records, message.reset)
+
+    def known_status(self, run_id: str) -> str | None:
+        run = self.main.table.runs.get(run_id)
+        return run.status if run else None
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """Every worker fails visibly, here, as a notification."""
+        if event.state == WorkerState.ERROR:
+            error = event.worker.error
+            self.notify(f"{event.worker.group}: {error}", title="error", severity="error",
+                        timeout=8)
+            if event.worker.group == "bridge" and self.live:
+                self.set_timer(2.0, self.poll)  # keep watching after a transient error
+
+    def action_help(self) -> None:
+        from gridrun.tui.screens.help import HelpScreen
+        self.push_screen(HelpScreen())
+
+    def action_quit(self) -> None:
+        self.exit(message=GOODBYE)

@@ -1,0 +1,82 @@
+"""`t`: the live ablation table of an experiment; `e` exports it as CSV."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from gridrun.tui.source import Table
+
+
+class CompareScreen(Screen):
+    CSS_PATH = "compare.tcss"
+    BINDINGS: ClassVar = [
+        Binding("e", "export", "export CSV"),
+        Binding("escape,backspace", "app.pop_screen", "back"),
+        Binding("j", "cursor_down", "down", show=False),
+        Binding("k", "cursor_up", "up", show=False),
+        Binding("question_mark", "app.help", "help", key_display="?"),
+        Binding("q", "app.quit", "quit (engine keeps running)"),
+    ]
+
+    def __init__(self, experiment: str) -> None:
+        super().__init__()
+        self.experiment = experiment
+        self.shown: Table | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static(f" compare: {self.experiment}  (best per column in bold; refreshes live)",
+                     id="title")
+        yield DataTable(id="ablation", cursor_type="row")
+        yield Static("", id="note")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.load()
+        self.set_interval(2.0, self.load)
+
+    @work(thread=True, group="compare", exclusive=True, exit_on_error=False)
+    def load(self) -> None:
+        table = self.app.source.compare(self.experiment)
+        self.app.call_from_thread(self.show, table)
+
+    def show(self, t: Table) -> None:
+        if t == self.shown:
+            return
+        self.shown = t
+        dt = self.query_one(DataTable)
+        row = dt.cursor_row
+        dt.clear(columns=True)
+        dt.add_columns(*t.columns)
+        for i, cells in enumerate(t.rows):
+            dt.add_row(*(Text(c, style="bold reverse" if (i, j) in t.best else "")
+                         for j, c in enumerate(cells)))
+        if t.rows:
+            dt.move_cursor(row=min(row, len(t.rows) - 1))
+        self.query_one("#note", Static).update(t.note or ("no runs yet" if not t.rows else ""))
+
+    def action_cursor_down(self) -> None:
+        self.query_one(DataTable).action_cursor_down()
+
+    def action_cursor_up(self) -> None:
+        self.query_one(DataTable).action_cursor_up()
+
+    def action_export(self) -> None:
+        from gridrun.tui.screens.dialogs import Prompt
+        default = str(self.app.source.root / f"{self.experiment}.csv")
+
+        def done(path: str | None) -> None:
+            if path:
+                self.export(path)
+        self.app.push_screen(Prompt("Export the table as CSV to", default), done)
+
+    @work(thread=True, group="export", exit_on_error=False)
+    def export(self, path: str) -> None:
+        written = self.app.source.export_csv(self.experiment, path)
+        self.app.call_from_thread(self.notify, f"wrote {written}")

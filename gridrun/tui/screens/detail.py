@@ -1,0 +1,172 @@
+"""One run in depth (curves, config, output, summary, traceback), and marked runs overlaid."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import Footer, Static, TabbedContent, TabPane
+
+from gridrun.tui.source import RunDetail, RunRow
+from gridrun.tui.widgets import fmt
+from gridrun.tui.widgets.curves import Curves, Series
+
+NOT_METRICS = {"t", "step", "epoch", "split", "lr", "samples_per_s", "step_time", "tokens_per_s"}
+
+
+class CurveData:
+    """Series per name built from metric records as they arrive."""
+
+    def __init__(self) -> None:
+        self.series: dict[str, Series] = {}
+
+    def add(self, records: tuple[dict[str, Any], ...]) -> None:
+        for rec in records:
+            step, split = rec.get("step", 0), rec.get("split")
+            for key, value in rec.items():
+                if key in ("t", "step", "epoch", "split") or not isinstance(value, int | float):
+                    continue
+                name = key if key in NOT_METRICS - {"loss"} else f"{split} {key}"
+                self.series.setdefault(name, []).append((step, value))
+
+    def pick(self, *names: str) -> dict[str, Series]:
+        return {n: self.series[n] for n in names if n in self.series}
+
+    @property
+    def val_names(self) -> list[str]:
+        return [n for n in self.series if n.startswith("val ")]
+
+
+class DetailScreen(Screen):
+    CSS_PATH = "detail.tcss"
+    BINDINGS: ClassVar = [
+        Binding("l", "log", "log scale"),
+        Binding("escape,backspace", "app.pop_screen", "back"),
+        Binding("question_mark", "app.help", "help", key_display="?"),
+        Binding("q", "app.quit", "quit (engine keeps running)"),
+    ]
+
+    def __init__(self, run: RunRow) -> None:
+        super().__init__()
+        self.run, self.log_scale, self.data = run, False, CurveData()
+        self.title = f"{run.id} {run.experiment} {run.variant}"
+
+    def compose(self) -> ComposeResult:
+        r = self.run
+        yield Static(f" {r.id}  {r.experiment}  {r.variant or '-'}  seed {r.seed}  "
+                     f"{fmt.status(r.status).plain}", id="title")
+        with TabbedContent(id="tabs"):
+            with TabPane("curves", id="curves-tab"), Horizontal():
+                yield Curves(id="loss")
+                yield Curves(id="rate")
+            with TabPane("output", id="output-tab"):
+                yield Static("", id="output")
+            with TabPane("summary", id="summary-tab"):
+                yield Static("", id="summary")
+            with TabPane("config", id="config-tab"):
+                yield Static("", id="config")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.app.bridge.watch(self.run.id)
+        self.load()
+        self.set_interval(1.0, self.load)
+
+    def on_unmount(self) -> None:
+        self.app.bridge.unwatch(self.run.id)
+
+    @work(thread=True, group="detail", exclusive=True, exit_on_error=False)
+    def load(self) -> None:
+        """Config, summary and the output tail: files, so a worker reads them."""
+        detail = self.app.source.detail(self.run.id)
+        tail = self.app.source.output_tail(self.run.id)
+        self.app.call_from_thread(self.show, detail, tail)
+
+    def show(self, d: RunDetail, tail: str) -> None:
+        self.query_one("#config", Static).update(
+            "\n".join(f"{k} = {v!r}" for k, v in sorted(d.config.items())) or "(no config)")
+        summary = "\n".join(f"{k}: {json.dumps(v)}" for k, v in (d.summary or {}).items()
+                            if k != "traceback")
+        trace = (d.summary or {}).get("traceback") or d.error
+        if trace:
+            summary = f"[b red]error[/]\n{trace}\n\n{summary}"
+        self.query_one("#summary", Static).update(summary or "(no summary yet)")
+        self.query_one("#output", Static).update(tail or "(no output yet)")
+
+    def metrics_arrived(self, run_id: str, records: tuple[dict[str, Any], ...], reset: bool) -> None:
+        if run_id != self.run.id:
+            return
+        if reset:
+            self.data = CurveData()
+        self.data.add(records)
+        self.redraw()
+
+    def redraw(self) -> None:
+        self.query_one("#loss", Curves).draw(
+            "loss", self.data.pick("train loss", *self.data.val_names), log=self.log_scale)
+        self.query_one("#rate", Curves).draw(
+            "lr, samples/s", self.data.pick("lr", "samples_per_s"), log=self.log_scale)
+
+    def action_log(self) -> None:
+        self.log_scale = not self.log_scale
+        self.redraw()
+        self.notify("log scale" if self.log_scale else "linear scale", timeout=2)
+
+
+class OverlayScreen(Screen):
+    """Marked runs' curves in one plot with a legend; `m` picks the metric."""
+
+    CSS_PATH = "detail.tcss"
+    BINDINGS: ClassVar = [
+        Binding("m", "metric", "metric"),
+        Binding("l", "log", "log scale"),
+        Binding("escape,backspace", "app.pop_screen", "back"),
+        Binding("question_mark", "app.help", "help", key_display="?"),
+        Binding("q", "app.quit", "quit (engine keeps running)"),
+    ]
+
+    def __init__(self, runs: list[RunRow]) -> None:
+        super().__init__()
+        self.runs = runs
+        self.data = {r.id: CurveData() for r in runs}
+        self.metric, self.log_scale = "train loss", False
+
+    def compose(self) -> ComposeResult:
+        yield Curves(id="overlay")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        for r in self.runs:
+            self.app.bridge.watch(r.id)
+
+    def on_unmount(self) -> None:
+        for r in self.runs:
+            self.app.bridge.unwatch(r.id)
+
+    def metrics_arrived(self, run_id: str, records: tuple[dict[str, Any], ...], reset: bool) -> None:
+        if run_id in self.data:
+            if reset:
+                self.data[run_id] = CurveData()
+            self.data[run_id].add(records)
+            self.redraw()
+
+    def redraw(self) -> None:
+        series = {f"{r.id} {r.variant}"[:40]: self.data[r.id].series.get(self.metric, [])
+                  for r in self.runs}
+        self.query_one(Curves).draw(self.metric, series, log=self.log_scale)
+
+    def action_metric(self) -> None:
+        names = sorted({n for d in self.data.values() for n in d.series} - {"lr"})
+        if names:
+            i = names.index(self.metric) + 1 if self.metric in names else 0
+            self.metric = names[i % len(names)]
+            self.redraw()
+
+    def action_log(self) -> None:
+        self.log_scale = not self.log_scale
+        self.redraw()

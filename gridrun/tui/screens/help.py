@@ -1,0 +1,37 @@
+"""`?`: every key of every screen, read from their BINDINGS."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+
+def key_table(screens: dict[str, list[Binding]]) -> str:
+    lines = []
+    for name, bindings in screens.items():
+        lines.append(f"[b]{name}[/]")
+        for b in bindings:
+            keys = b.key_display or b.key.replace(",", " / ")
+            lines.append(f"  {keys:<18} {b.description or b.action}")
+        lines.append("")
+    lines.append("j / k move down and up in tables; the mouse works too.")
+    return "\n".join(lines)
+
+
+class HelpScreen(ModalScreen[None]):
+    CSS_PATH = "dialogs.tcss"
+    BINDINGS: ClassVar = [Binding("escape,question_mark,q", "dismiss(None)", "close")]
+
+    def compose(self) -> ComposeResult:
+        from gridrun.tui.screens.compare import CompareScreen
+        from gridrun.tui.screens.detail import DetailScreen, OverlayScreen
+        from gridrun.tui.screens.main import MainScreen
+        text = key_table({"runs": MainScreen.BINDINGS, "run detail": DetailScreen.BINDINGS,
+                          "overlay": OverlayScreen.BINDINGS, "compare": CompareScreen.BINDINGS})
+        with VerticalScroll(classes="dialog wide"):
+            yield Static(text, id="help")

@@ -1,0 +1,192 @@
+"""The main screen: header, machine panel, runs table, filter, footer."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import Footer, Input
+
+from gridrun.tui.source import ACTIVE, RETRYABLE, EngineState, Machine, RunRow
+from gridrun.tui.widgets.panels import MachinePanel, StatusHeader
+from gridrun.tui.widgets.runs_table import RunsTable
+
+
+class MainScreen(Screen):
+    CSS_PATH = "main.tcss"
+    BINDINGS: ClassVar = [
+        Binding("enter", "detail", "detail", priority=True),
+        Binding("space", "mark", "mark"),
+        Binding("v", "overlay", "overlay"),
+        Binding("a", "queue", "queue file"),
+        Binding("c", "cancel", "cancel"),
+        Binding("r", "retry", "retry"),
+        Binding("plus,equals_sign", "priority(1)", "prio+", key_display="+"),
+        Binding("minus", "priority(-1)", "prio-", key_display="-"),
+        Binding("p", "pause", "pause/resume"),
+        Binding("d", "clone", "clone"),
+        Binding("t", "compare", "compare"),
+        Binding("slash", "filter", "filter", key_display="/"),
+        Binding("s", "sort", "sort"),
+        Binding("S", "sort(True)", "reverse", show=False),
+        Binding("g", "group", "group"),
+        Binding("E", "start_engine", "start engine"),
+        Binding("escape", "clear", "clear", show=False),
+        Binding("question_mark", "app.help", "help", key_display="?"),
+        Binding("q", "app.quit", "quit (engine keeps running)"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine: EngineState | None = None
+
+    def compose(self) -> ComposeResult:
+        yield StatusHeader(id="header")
+        yield MachinePanel(id="machine")
+        yield RunsTable(self.app.clock, id="runs")
+        yield Input(placeholder="filter: words that must all appear (esc clears)", id="filter")
+        yield Footer()
+
+    @property
+    def table(self) -> RunsTable:
+        return self.query_one(RunsTable)
+
+    def on_mount(self) -> None:
+        self.query_one(StatusHeader).show(str(self.app.source.root), None)
+        self.table.focus()
+
+    # ---- fed by the bridge ------------------------------------------------------
+
+    def runs_changed(self, runs: tuple[RunRow, ...]) -> None:
+        with self.app.batch_update():
+            self.table.apply(runs)
+        self.refresh_bindings()
+
+    def engine_changed(self, engine: EngineState) -> None:
+        self.engine = engine
+        self.query_one(StatusHeader).show(str(self.app.source.root), engine)
+        self.refresh_bindings()
+
+    def machine_sampled(self, machine: Machine) -> None:
+        self.query_one(MachinePanel).show(machine)
+
+    def clock_ticked(self) -> None:
+        self.table.tick()
+
+    # ---- keys -------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if isinstance(self.focused, Input) and action not in ("clear", "detail"):
+            return False if action not in ("app.quit", "app.help") else None
+        sel = [self.table.runs[i] for i in self.table.selection] if self.is_mounted else []
+        needs = {"cancel": ACTIVE, "retry": RETRYABLE, "priority": ("queued",)}
+        if action in needs:
+            return True if any(r.status in needs[action] for r in sel) else None
+        if action in ("detail", "clone", "mark", "compare"):
+            return True if sel else None
+        if action == "overlay":
+            return True if self.table.marked else None
+        if action == "start_engine":
+            return None if self.engine is None or self.engine.running else True
+        return True
+
+    def action_detail(self) -> None:
+        if isinstance(self.focused, Input):
+            self.table.focus()
+            return
+        if (run := self.table.current) is not None:
+            from gridrun.tui.screens.detail import DetailScreen
+            self.app.push_screen(DetailScreen(run))
+
+    def action_mark(self) -> None:
+        self.table.toggle_mark()
+        self.refresh_bindings()
+
+    def action_overlay(self) -> None:
+        from gridrun.tui.screens.detail import OverlayScreen
+        self.app.push_screen(OverlayScreen([self.table.runs[i] for i in self.table.selection]))
+
+    def action_queue(self) -> None:
+        from gridrun.tui.screens.dialogs import QueueScreen
+        self.app.push_screen(QueueScreen())
+
+    def action_cancel(self) -> None:
+        from gridrun.tui.screens.dialogs import Confirm
+        ids = [i for i in self.table.selection if self.table.runs[i].status in ACTIVE]
+        question = f"Cancel {len(ids)} run{'s' * (len(ids) != 1)} ({', '.join(ids[:3])}" \
+                   f"{'…' if len(ids) > 3 else ''})? Running ones checkpoint first."
+
+        def done(yes: bool | None) -> None:
+            if yes:
+                self.act("cancel", ids)
+        self.app.push_screen(Confirm(question), done)
+
+    def action_retry(self) -> None:
+        self.act("retry", [i for i in self.table.selection if self.table.runs[i].status in RETRYABLE])
+
+    def action_priority(self, delta: int) -> None:
+        self.act("bump_priority", self.table.selection, delta)
+
+    def action_pause(self) -> None:
+        self.act("set_paused", not (self.engine and self.engine.paused))
+
+    def action_start_engine(self) -> None:
+        self.act("start_engine")
+
+    def action_clone(self) -> None:
+        from gridrun.tui.screens.dialogs import Prompt
+        run = self.table.current
+
+        def done(text: str | None) -> None:
+            if text:
+                self.act("clone", run.id, text)
+        self.app.push_screen(Prompt(f"Clone {run.id} ({run.variant or run.experiment}) "
+                                    "with key=value, e.g. lr=0.001", ""), done)
+
+    def action_compare(self) -> None:
+        from gridrun.tui.screens.compare import CompareScreen
+        self.app.push_screen(CompareScreen(self.table.current.experiment))
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.focus()
+
+    @on(Input.Changed, "#filter")
+    def filter_changed(self, event: Input.Changed) -> None:
+        self.table.set_filter(event.value)
+
+    @on(Input.Submitted, "#filter")
+    def filter_done(self) -> None:
+        self.table.focus()
+
+    def action_clear(self) -> None:
+        box = self.query_one("#filter", Input)
+        if box.value or box.display:
+            box.value, box.display = "", False
+            self.table.set_filter("")
+        elif self.table.marked:
+            self.table.marked.clear()
+            self.table.set_filter(self.table.needle)
+        self.table.focus()
+        self.refresh_bindings()
+
+    def action_sort(self, reverse: bool = False) -> None:
+        self.notify(f"sorted by {self.table.cycle_sort(reverse)}", timeout=2)
+
+    def action_group(self) -> None:
+        self.table.grouped = not self.table.grouped
+        self.table.resort()
+        self.notify("grouped by experiment" if self.table.grouped else "not grouped", timeout=2)
+
+    @work(thread=True, group="actions", exit_on_error=False)
+    def act(self, method: str, *args) -> None:
+        if args and isinstance(args[0], list) and not args[0]:
+            self.app.call_from_thread(self.notify, "nothing to do for the selected runs",
+                                      severity="warning")
+            return
+        message = getattr(self.app.source, method)(*args)
+        self.app.call_from_thread(self.notify, message)

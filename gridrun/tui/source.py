@@ -1,0 +1,233 @@
+"""What the interface reads and asks: a small Protocol, frozen rows, and a fake.
+
+The app never sees SQL or files. It gets a `Source` (the real one wraps the
+store, see store_source.py; tests pass `FakeSource`, which replays scripted
+snapshots and records every action).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+ACTIVE = ("queued", "running")
+RETRYABLE = ("failed", "diverged", "oom", "cancelled")
+
+
+@dataclass(frozen=True)
+class RunRow:
+    id: str
+    experiment: str
+    variant: str
+    seed: int
+    status: str
+    priority: int = 0
+    step: int = 0
+    total_steps: int | None = None
+    epoch: int = 0
+    epochs: int | None = None
+    train_loss: float | None = None
+    best: float | None = None  # best validation value of the early-stop metric
+    best_name: str = ""
+    samples_per_s: float | None = None
+    slot: str | None = None
+    queued_at: float = 0.0
+    started_at: float | None = None
+    ended_at: float | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    index: int
+    name: str
+    util: float | None = None  # percent
+    mem_used: float | None = None  # bytes
+    mem_total: float | None = None
+    power: float | None = None  # watts
+    temp: float | None = None  # celsius
+    runs: tuple[str, ...] = ()
+    history: tuple[float, ...] = ()  # utilisation over the last minute
+
+
+@dataclass(frozen=True)
+class Machine:
+    """GPUs when there are any; CPU and RAM otherwise (and always, for the header)."""
+
+    gpus: tuple[GpuRow, ...] = ()
+    cpu_percent: float | None = None
+    ram_used: float | None = None
+    ram_total: float | None = None
+    cpu_history: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineState:
+    running: bool = False
+    paused: bool = False
+    counts: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Update:
+    """What changed since the previous poll. None means "unchanged"."""
+
+    runs: tuple[RunRow, ...] = ()
+    engine: EngineState | None = None
+    machine: Machine | None = None
+
+
+@dataclass(frozen=True)
+class RunDetail:
+    config: Mapping[str, Any]
+    summary: Mapping[str, Any] | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An experiment file checked by `gridrun plan --json`: its runs, or its errors."""
+
+    path: str
+    runs: tuple[Mapping[str, Any], ...] = ()
+    errors: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+@dataclass(frozen=True)
+class Table:
+    """A ready-to-show ablation table: text cells, and the cells to highlight."""
+
+    experiment: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    best: frozenset[tuple[int, int]] = frozenset()
+    note: str = ""
+
+
+class Source(Protocol):
+    root: Path
+
+    def poll(self) -> Update: ...
+    def metrics(self, run_id: str, offset: int) -> tuple[list[dict[str, Any]], int]: ...
+    def output_tail(self, run_id: str, max_bytes: int = 8192) -> str: ...
+    def detail(self, run_id: str) -> RunDetail: ...
+    def cancel(self, ids: Sequence[str]) -> str: ...
+    def retry(self, ids: Sequence[str]) -> str: ...
+    def bump_priority(self, ids: Sequence[str], delta: int) -> str: ...
+    def set_paused(self, paused: bool) -> str: ...
+    def start_engine(self) -> str: ...
+    def plan(self, path: str) -> Plan: ...
+    def queue_file(self, path: str) -> str: ...
+    def clone(self, run_id: str, override: str) -> str: ...
+    def compare(self, experiment: str) -> Table: ...
+    def export_csv(self, experiment: str, path: str) -> str: ...
+
+
+class FakeSource:
+    """Replays `snapshots` (one Update per poll, then nothing new) and records
+    each action in `actions`. Actions change the fake's own rows, so the
+    interface shows their effect just as with a real store."""
+
+    def __init__(self, snapshots: Sequence[Update] = (), *, root: str | Path = "/tmp/runs",
+                 metrics: Mapping[str, list[dict[str, Any]]] | None = None,
+                 details: Mapping[str, RunDetail] | None = None,
+                 plans: Mapping[str, Plan] | None = None, tables: Mapping[str, Table] | None = None,
+                 output: Mapping[str, str] | None = None):
+        self.root = Path(root)
+        self._snapshots = list(snapshots)
+        self._metrics = dict(metrics or {})
+        self._details = dict(details or {})
+        self._plans = dict(plans or {})
+        self._tables = dict(tables or {})
+        self._output = dict(output or {})
+        self.actions: list[tuple[Any, ...]] = []
+        self.rows: dict[str, RunRow] = {}
+        self.engine = EngineState()
+        self._pending: list[RunRow] = []
+        self._engine_changed = False
+
+    def poll(self) -> Update:
+        if self._snapshots:
+            update = self._snapshots.pop(0)
+            self.rows.update({r.id: r for r in update.runs})
+            self.engine = update.engine or self.engine
+            return Update(runs=(*update.runs, *self._take()), engine=update.engine,
+                          machine=update.machine)
+        engine, self._engine_changed = (self.engine if self._engine_changed else None), False
+        return Update(runs=self._take(), engine=engine)
+
+    def _take(self) -> tuple[RunRow, ...]:
+        pending, self._pending = tuple(self._pending), []
+        return pending
+
+    def _change(self, run_id: str, **fields: Any) -> None:
+        row = replace(self.rows[run_id], **fields)
+        self.rows[run_id] = row
+        self._pending.append(row)
+
+    def metrics(self, run_id: str, offset: int) -> tuple[list[dict[str, Any]], int]:
+        records = self._metrics.get(run_id, [])
+        return records[offset:], len(records)
+
+    def output_tail(self, run_id: str, max_bytes: int = 8192) -> str:
+        return self._output.get(run_id, "")[-max_bytes:]
+
+    def detail(self, run_id: str) -> RunDetail:
+        return self._details.get(run_id, RunDetail(config={}, summary=None, error=None))
+
+    def cancel(self, ids: Sequence[str]) -> str:
+        self.actions.append(("cancel", tuple(ids)))
+        for i in ids:
+            self._change(i, status="cancelled")
+        return f"cancelled {len(ids)}"
+
+    def retry(self, ids: Sequence[str]) -> str:
+        self.actions.append(("retry", tuple(ids)))
+        for i in ids:
+            self._change(i, status="queued")
+        return f"queued {len(ids)} again"
+
+    def bump_priority(self, ids: Sequence[str], delta: int) -> str:
+        self.actions.append(("priority", tuple(ids), delta))
+        for i in ids:
+            self._change(i, priority=self.rows[i].priority + delta)
+        return f"priority {delta:+d}"
+
+    def set_paused(self, paused: bool) -> str:
+        self.actions.append(("pause" if paused else "resume",))
+        self.engine, self._engine_changed = replace(self.engine, paused=paused), True
+        return "paused" if paused else "resumed"
+
+    def start_engine(self) -> str:
+        self.actions.append(("start_engine",))
+        self.engine, self._engine_changed = replace(self.engine, running=True), True
+        return "engine started"
+
+    def plan(self, path: str) -> Plan:
+        self.actions.append(("plan", path))
+        return self._plans.get(path, Plan(path, errors=f"{path}: no such file"))
+
+    def queue_file(self, path: str) -> str:
+        self.actions.append(("queue", path))
+        return f"queued {len(self._plans[path].runs)} runs from {path}"
+
+    def clone(self, run_id: str, override: str) -> str:
+        self.actions.append(("clone", run_id, override))
+        return f"queued a clone of {run_id} with {override}"
+
+    def compare(self, experiment: str) -> Table:
+        self.actions.append(("compare", experiment))
+        return self._tables.get(experiment, Table(experiment, ("variant",), ()))
+
+    def export_csv(self, experiment: str, path: str) -> str:
+        self.actions.append(("export", experiment, path))
+        table = self.compare(experiment)
+        lines = [",".join(table.columns), *(",".join(r) for r in table.rows)]
+        Path(path).write_text("\n".join(lines) + "\n")
+        return path

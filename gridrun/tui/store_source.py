@@ -1,0 +1,292 @@
+"""The real source: the store (changes since the last seq), the running runs'
+metrics logs (new lines only), telemetry, and the engine's pid file.
+
+Called from the bridge thread and from action workers, never from widgets.
+Nothing here imports torch: validating and queueing a file (which imports
+task code) happens in `gridrun plan` / `gridrun queue` subprocesses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import subprocess
+import sys
+import tomllib
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from gridrun.engine import layout, runlog
+from gridrun.engine.store import Run, Store
+from gridrun.tui.source import EngineState, GpuRow, Machine, Plan, RunDetail, RunRow, Table, Update
+
+LOWER_HINTS = ("loss", "error", "perplexity")
+
+
+def lower_is_better(metric: str, summary: dict[str, Any] | None) -> bool:
+    declared = (summary or {}).get("metrics", {}).get(metric)
+    return declared == "lower" if declared else any(h in metric for h in LOWER_HINTS)
+
+
+def _row(run: Run) -> RunRow:
+    s = run.summary or {}
+    metric = s.get("early_stop_metric") or ""
+    return RunRow(
+        id=run.id, experiment=run.experiment, variant=run.variant, seed=run.seed,
+        status=run.status, priority=run.priority, step=s.get("step") or 0,
+        total_steps=s.get("total_steps"), epoch=s.get("epoch") or 0,
+        epochs=run.config.get("trainer", {}).get("epochs"), train_loss=s.get("train_loss"),
+        best=(s.get("best") or {}).get(metric), best_name=metric,
+        samples_per_s=s.get("samples_per_s"), slot=run.slot, queued_at=run.queued_at,
+        started_at=run.started_at, ended_at=run.ended_at, note=run.note)
+
+
+class Live:
+    """What a running run's metrics log said so far (read incrementally)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.offset, self.total = folder, 0, None
+        self.fields: dict[str, Any] = {}
+        self.best: float | None = None
+        self.metric = ""
+
+    def read(self) -> bool:
+        records, self.offset = runlog.read_from(self.folder / layout.METRICS, self.offset)
+        if self.total is None:
+            with contextlib.suppress(OSError, ValueError):
+                self.total = json.loads((self.folder / layout.SUMMARY).read_text()).get("total_steps")
+        for rec in records:
+            self.fields.update(step=rec.get("step", 0), epoch=rec.get("epoch", 0))
+            if rec.get("split") == "train":
+                self.fields.update(train_loss=rec.get("loss"), samples_per_s=rec.get("samples_per_s"))
+            elif rec.get("split") == "val":
+                names = [k for k in rec if k not in ("t", "step", "epoch", "split")]
+                self.metric = self.metric or (names[0] if names else "")
+                v = rec.get(self.metric)
+                if isinstance(v, int | float) and math.isfinite(v) and (
+                        self.best is None or (v < self.best) == lower_is_better(self.metric, None)):
+                    self.best = v
+        return bool(records) or self.total is not None
+
+    def merge(self, row: RunRow) -> RunRow:
+        return replace(row, **self.fields, total_steps=self.total or row.total_steps,
+                       best=self.best, best_name=self.metric)
+
+
+class StoreSource:
+    def __init__(self, root: str | Path, *, python: str = sys.executable) -> None:
+        self.root = Path(root)
+        self.python = python
+        self.store = Store(self.root)
+        self.seq = 0
+        self.rows: dict[str, RunRow] = {}
+        self.live: dict[str, Live] = {}
+        self._telemetry_t = 0.0
+        self._history: dict[str, deque[float]] = {}
+        self._engine: EngineState | None = None
+
+    # ---- polling ------------------------------------------------------------------
+
+    def poll(self) -> Update:
+        changed, self.seq = self.store.changes_since(self.seq)
+        out: dict[str, RunRow] = {}
+        for run in changed:
+            row = self.rows[run.id] = _row(run)
+            if run.status == "running":
+                self.live.setdefault(run.id, Live(run.run_dir(self.root)))
+            else:
+                self.live.pop(run.id, None)
+            out[run.id] = row
+        for run_id, live in self.live.items():
+            if live.read() or run_id in out:
+                out[run_id] = self.rows[run_id] = live.merge(self.rows[run_id])
+        return Update(runs=tuple(out.values()), engine=self._engine_state(),
+                      machine=self._machine())
+
+    def _engine_state(self) -> EngineState | None:
+        from gridrun.engine import daemon
+
+        state = EngineState(running=daemon.status(self.root).running, paused=self.store.paused,
+                            counts=self.store.counts())
+        if state == self._engine:
+            return None
+        self._engine = state
+        return state
+
+    def _machine(self) -> Machine | None:
+        sample = self.store.latest_telemetry()
+        if sample is None or sample.t == self._telemetry_t:
+            return None
+        self._telemetry_t = sample.t
+        d = sample.data
+        on_gpu: dict[int, list[str]] = {}
+        for p in d.get("processes") or []:
+            if p.get("run_id") is not None:
+                on_gpu.setdefault(p.get("gpu"), []).append(p["run_id"])
+        gpus = []
+        for g in d.get("gpus") or []:
+            hist = self._history.setdefault(f"gpu{g.get('index')}", deque(maxlen=60))
+            hist.append(g.get("util_percent") or 0.0)
+            gpus.append(GpuRow(index=g.get("index", 0), name=g.get("name") or "GPU",
+                               util=g.get("util_percent"), mem_used=g.get("mem_used_bytes"),
+                               mem_total=g.get("mem_total_bytes"), power=g.get("power_w"),
+                               temp=g.get("temperature_c"), runs=tuple(on_gpu.get(g.get("index"), ())),
+                               history=tuple(hist)))
+        system = d.get("system") or {}
+        cpu = self._history.setdefault("cpu", deque(maxlen=60))
+        cpu.append(system.get("cpu_percent") or 0.0)
+        return Machine(gpus=tuple(gpus), cpu_percent=system.get("cpu_percent"),
+                       ram_used=system.get("ram_used_bytes"),
+                       ram_total=system.get("ram_total_bytes"), cpu_history=tuple(cpu))
+
+    def _folder(self, run_id: str) -> Path:
+        row = self.rows.get(run_id)
+        experiment = row.experiment if row else self.store.get_run(run_id).experiment
+        return layout.run_dir(self.root, experiment, run_id)
+
+    def metrics(self, run_id: str, offset: int) -> tuple[list[dict[str, Any]], int]:
+        return runlog.read_from(self._folder(run_id) / layout.METRICS, offset)
+
+    def output_tail(self, run_id: str, max_bytes: int = 8192) -> str:
+        try:
+            with open(self._folder(run_id) / layout.OUTPUT, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - max_bytes))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def detail(self, run_id: str) -> RunDetail:
+        run = self.store.get_run(run_id)
+        summary = run.summary
+        if summary is None:
+            try:
+                summary = json.loads((self._folder(run_id) / layout.SUMMARY).read_text())
+            except (OSError, ValueError):
+                summary = None
+        return RunDetail(config=run.spec.config, summary=summary, error=run.error)
+
+    # ---- actions: intents written into the store ------------------------------------------
+
+    def cancel(self, ids: Sequence[str]) -> str:
+        out = self.store.cancel(ids)
+        return "; ".join(f"{i}: {o}" for i, o in list(out.items())[:4]) + \
+            (f" (+{len(out) - 4} more)" if len(out) > 4 else "")
+
+    def retry(self, ids: Sequence[str]) -> str:
+        out = self.store.retry(ids)
+        return f"{sum(o == 'queued' for o in out.values())} of {len(out)} queued again"
+
+    def bump_priority(self, ids: Sequence[str], delta: int) -> str:
+        self.store.set_priority(ids, delta, relative=True)
+        return f"priority {delta:+d} for {len(ids)} run{'s' * (len(ids) != 1)}"
+
+    def set_paused(self, paused: bool) -> str:
+        (self.store.pause if paused else self.store.resume)()
+        return "queue paused: running runs finish, nothing new starts" if paused else "queue resumed"
+
+    def _gridrun(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([self.python, "-m", "gridrun", *args], capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def start_engine(self) -> str:
+        done = self._gridrun("engine", "start", "--root", str(self.root))
+        return (done.stdout or done.stderr).strip() or "engine started"
+
+    def plan(self, path: str) -> Plan:
+        done = self._gridrun("plan", "--json", path)
+        if done.returncode != 0:
+            return Plan(path, errors=(done.stderr or done.stdout).strip() or "invalid file")
+        return Plan(path, runs=tuple(json.loads(done.stdout)["runs"]))
+
+    def queue_file(self, path: str) -> str:
+        done = self._gridrun("queue", path, "--root", str(self.root))
+        text = (done.stdout + done.stderr).strip()
+        if done.returncode != 0:
+            raise RuntimeError(text or f"gridrun queue failed ({done.returncode})")
+        return text
+
+    def clone(self, run_id: str, override: str) -> str:
+        from gridrun.engine.spec import TRAINER_KEYS, RunSpec
+        from gridrun.engine.spec import run_id as make_id
+
+        key, eq, text = override.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ValueError(f"write the override as key=value, not {override!r}")
+        try:
+            value = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text.strip()
+        spec = self.store.get_run(run_id).spec
+        trainer, task_args = dict(spec.trainer), dict(spec.task_args)
+        if key in TRAINER_KEYS:
+            trainer[key] = value
+        elif key in task_args:
+            task_args[key] = value
+        else:
+            raise ValueError(f"{key!r} is neither a trainer key nor a key of task {spec.task!r}")
+        new = RunSpec(id=make_id(spec.experiment, spec.task, trainer, task_args, spec.seed),
+                      experiment=spec.experiment, variant=f"{spec.variant} {key}={text.strip()}".strip(),
+                      seed=spec.seed, task=spec.task, trainer=trainer, task_args=task_args,
+                      axes={**spec.axes, key: value}, ablation=spec.ablation)
+        queued, _ = self.store.enqueue([new])
+        return f"queued clone {new.id} ({key}={text.strip()})" if queued else \
+            f"{new.id} is already queued, running or done"
+
+    # ---- analysis -------------------------------------------------------------------------
+
+    def _table(self, experiment: str):
+        from gridrun.engine import analysis
+
+        runs = self.store.list_runs(experiment=experiment)
+        frame = analysis.runs_frame(self.root, {r.id: r.status for r in runs},
+                                    queued=[r.spec for r in runs if r.status == "queued"])
+        return analysis.ablation_table(frame, experiment)
+
+    def compare(self, experiment: str) -> Table:
+        from gridrun.engine import analysis
+
+        try:
+            t = self._table(experiment)
+        except analysis.AnalysisError as e:
+            return Table(experiment, ("",), (), note=str(e))
+        keys, metrics = t.attrs["keys"], t.attrs["metrics"]
+        columns = [*keys, "seeds"]
+        for m in metrics:
+            columns.append(m)
+            if f"{m}_delta" in t:
+                columns.append(f"Δ {m}")
+        rows, best = [], set()
+        for i, rec in enumerate(t.to_dict("records")):
+            cells = [str(rec[k]) for k in keys] + [str(rec["seeds"])]
+            for m in metrics:
+                if rec.get(f"{m}_best"):
+                    best.add((i, len(cells)))
+                cells.append(_pm(rec[f"{m}_mean"], rec[f"{m}_std"]))
+                if f"{m}_delta" in t:
+                    d, p = rec[f"{m}_delta"], rec.get(f"{m}_p")
+                    cells.append("" if _nan(d) else f"{d:+.4g}" + ("" if _nan(p) else f" p={p:.2g}"))
+            rows.append(tuple(cells))
+        return Table(experiment, tuple(columns), tuple(rows), frozenset(best),
+                     note=f"{t.attrs['value']} validation value, mean ± std over finished seeds")
+
+    def export_csv(self, experiment: str, path: str) -> str:
+        target = Path(path).expanduser()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        self._table(experiment).to_csv(target, index=False)
+        return str(target)
+
+
+def _nan(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _pm(mean: Any, std: Any) -> str:
+    if _nan(mean):
+        return "-"
+    return f"{mean:.4g}" if _nan(std) else f"{mean:.4g} ± {std:.2g}"

@@ -1,0 +1,69 @@
+"""Formatting shared by the widgets: numbers, durations, glyphs, bars."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from gridrun.tui.source import RunRow
+
+GLYPHS = {"queued": ("·", "dim"), "running": ("▶", "bold cyan"), "completed": ("✓", "green"),
+          "failed": ("✗", "bold red"), "diverged": ("∿", "magenta"), "oom": ("!", "bold red"),
+          "cancelled": ("⊘", "dim"), "interrupted": ("↺", "yellow")}
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def status(s: str) -> Text:
+    glyph, style = GLYPHS.get(s, ("?", ""))
+    return Text(f"{glyph} {s}", style=style)
+
+
+def num(v: float | None, digits: int = 4) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.{digits}g}"
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None or seconds < 0:
+        return "-"
+    s = int(seconds)
+    if s < 3600:
+        return f"{s // 60}:{s % 60:02d}"
+    return f"{s // 3600}h{s % 3600 // 60:02d}"
+
+
+def bar(fraction: float, width: int = 8) -> str:
+    filled = round(max(0.0, min(1.0, fraction)) * width)
+    return "█" * filled + "░" * (width - filled)
+
+
+def progress(r: RunRow) -> str:
+    if r.total_steps:
+        return f"{bar(r.step / r.total_steps)} {r.step}/{r.total_steps}"
+    if r.status == "running" or r.step:
+        return f"e{r.epoch} s{r.step}"
+    return ""
+
+
+def elapsed(r: RunRow, now: float) -> float | None:
+    if r.started_at is None:
+        return None
+    return (r.ended_at or now) - r.started_at
+
+
+def eta(r: RunRow, now: float) -> float | None:
+    if r.status != "running" or not r.total_steps or not r.step:
+        return None
+    spent = elapsed(r, now) or 0.0
+    return spent / r.step * (r.total_steps - r.step)
+
+
+def sparkline(values: tuple[float, ...] | list[float], width: int, top: float = 100.0) -> str:
+    values = list(values)[-width:]
+    return "".join(SPARKS[min(7, int(max(0.0, v) / top * 7.999))] for v in values)
+
+
+def size(b: float | None) -> str:
+    if b is None:
+        return "n/a"
+    return f"{b / 2**30:.1f}G"

@@ -1,0 +1,58 @@
+"""The header line and the machine panel: plain Statics fed by messages."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from gridrun.tui.source import EngineState, Machine
+from gridrun.tui.widgets import fmt
+
+ORDER = ("running", "queued", "completed", "failed", "diverged", "oom", "cancelled", "interrupted")
+
+
+class StatusHeader(Static):
+    """Root, engine state (and the key that starts it), counts by status."""
+
+    def show(self, root: str, engine: EngineState | None) -> None:
+        text = Text()
+        text.append(" gridrun ", style="bold reverse")
+        text.append(f" {root}  ")
+        if engine is None:
+            text.append("engine …", style="dim")
+        elif engine.running:
+            text.append("engine ● running" + (" (paused)" if engine.paused else ""),
+                        style="bold yellow" if engine.paused else "bold green")
+        else:
+            text.append("engine ○ stopped (E starts it)", style="bold red")
+            if engine.paused:
+                text.append(" paused", style="yellow")
+        if engine is not None:
+            text.append("  ")
+            for status in ORDER:
+                n = engine.counts.get(status, 0)
+                if n:
+                    glyph, style = fmt.GLYPHS[status]
+                    text.append(f"{glyph}{n} ", style=style)
+            text.append(f"of {sum(engine.counts.values())}", style="dim")
+        self.update(text)
+
+
+class MachinePanel(Static):
+    """A line per GPU (or CPU and RAM without one) with a minute of history."""
+
+    def show(self, m: Machine) -> None:
+        width = max(10, min(60, self.size.width - 60))
+        lines = []
+        for g in m.gpus:
+            util = "n/a" if g.util is None else f"{g.util:3.0f}%"
+            power = "" if g.power is None else f" {g.power:.0f}W"
+            temp = "" if g.temp is None else f" {g.temp:.0f}°C"
+            runs = f"  {', '.join(g.runs)}" if g.runs else ""
+            lines.append(f"gpu{g.index} {g.name[:18]:<18} {util} {fmt.sparkline(g.history, width)} "
+                         f"{fmt.size(g.mem_used)}/{fmt.size(g.mem_total)}{power}{temp}{runs}")
+        if not m.gpus:
+            cpu = "n/a" if m.cpu_percent is None else f"{m.cpu_percent:3.0f}%"
+            lines.append(f"cpu {cpu} {fmt.sparkline(m.cpu_history, width)}  "
+                         f"ram {fmt.size(m.ram_used)}/{fmt.size(m.ram_total)}  (no GPU)")
+        self.update("\n".join(lines))
