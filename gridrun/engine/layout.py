@@ -26,6 +26,8 @@ def run_dir(root: str | os.PathLike, experiment: str, run_id: str) -> Path:
 def make_private_dir(path: str | os.PathLike) -> Path:
     """Create `path` (and parents) with mode 0700, whatever the umask."""
     path = Path(path)
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for p in reversed(missing):  # parents too: mkdir(parents=True) would give them the umask
+        p.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(p, 0o700)
     return path

@@ -136,6 +136,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
             scaler.load_state_dict(state["scaler"])
             step, epoch, position = state["step"], state["epoch"], state["position"]
             best = state["best"]
+            summary["final"], summary["train_loss"] = state["final"], state["train_loss"]
             pending = list(state["pending_losses"].to(device).unbind()) if state["pending_losses"].numel() else []
             writer.truncate(state["metrics_offset"])  # drop lines written after this checkpoint
             set_rng_state(state["rng"])
@@ -149,6 +150,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
                 "step": step, "epoch": epoch, "position": position, "best": best,
                 "pending_losses": torch.stack(pending).detach() if pending else torch.zeros(0),
                 "rng": rng_state(), "metrics_offset": writer.offset(),
+                "final": summary["final"], "train_loss": summary["train_loss"],
             }, ckpt_dir / name)
 
         def evaluate_and_track() -> bool:

@@ -1,0 +1,52 @@
+"""`gridrun train`: one cell in the foreground, resumable, with telling exit codes."""
+
+import json
+
+from typer.testing import CliRunner
+
+from gridrun.cli import app
+
+ONE_RUN = """
+[experiments.solo]
+task = "spirals"
+train_size = 256
+val_size = 64
+epochs = 2
+batch_size = 32
+"""
+
+TWO_SEEDS = ONE_RUN + "seeds = 2\n"
+
+
+def test_train_runs_the_only_cell_and_resumes(tmp_path):
+    file = tmp_path / "exp.toml"
+    file.write_text(ONE_RUN)
+    root = tmp_path / "runs"
+    result = CliRunner().invoke(app, ["train", str(file), "--root", str(root)])
+    assert result.exit_code == 0, result.output
+    (run_dir,) = (root / "solo").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["step"] == summary["total_steps"] == 14
+    assert (run_dir / "config.toml").exists() and (run_dir / "checkpoints" / "last.pt").exists()
+    again = CliRunner().invoke(app, ["train", str(file), "--root", str(root)])
+    assert again.exit_code == 0 and "resumed from step 14" in again.output
+    fresh = CliRunner().invoke(app, ["train", str(file), "--root", str(root), "--fresh"])
+    assert fresh.exit_code == 0 and "resumed" not in fresh.output
+
+
+def test_train_needs_a_run_when_the_file_has_several(tmp_path):
+    file = tmp_path / "exp.toml"
+    file.write_text(TWO_SEEDS)
+    result = CliRunner().invoke(app, ["train", str(file), "--root", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "has 2 runs" in result.output
+    result = CliRunner().invoke(app, ["train", str(file), "nope", "--root", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "no run of the file" in result.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_diverged_run_exits_3(tmp_path):
+    file = tmp_path / "exp.toml"
+    file.write_text(ONE_RUN + 'optimizer = "sgd"\nlr = 1e6\nwarmup = 0\nschedule = "constant"\n')
+    result = CliRunner().invoke(app, ["train", str(file), "--root", str(tmp_path / "r")])
+    assert result.exit_code == 3, result.output
+    assert "diverged" in result.output
