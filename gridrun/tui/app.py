@@ -60,6 +60,11 @@ class GridrunApp(App[None]):
                 return
             time.sleep(self.interval)
 
+    def nudge(self) -> None:
+        """Someone started watching a run: without the live loop, poll once more."""
+        if not self.live:
+            self.poll()
+
     def _ticked(self) -> None:
         self.ticks += 1
 

@@ -74,6 +74,7 @@ class DetailScreen(Screen):
 
     def on_mount(self) -> None:
         self.app.bridge.watch(self.run.id)
+        self.app.nudge()
         self.load()
         self.set_interval(1.0, self.load)
 
@@ -143,6 +144,7 @@ class OverlayScreen(Screen):
     def on_mount(self) -> None:
         for r in self.runs:
             self.app.bridge.watch(r.id)
+        self.app.nudge()
 
     def on_unmount(self) -> None:
         for r in self.runs:

@@ -20,6 +20,8 @@ def status(s: str) -> Text:
 def num(v: float | None, digits: int = 4) -> str:
     if v is None:
         return "-"
+    if abs(v) >= 10_000:
+        return f"{v / 1000:.{max(1, digits - 1)}g}k"
     return f"{v:.{digits}g}"
 
 
@@ -40,6 +42,8 @@ def bar(fraction: float, width: int = 8) -> str:
 def progress(r: RunRow) -> str:
     if r.total_steps:
         return f"{bar(r.step / r.total_steps)} {r.step}/{r.total_steps}"
+    if r.epochs and r.status == "running":  # steps per epoch are known only at the end
+        return f"{bar(r.epoch / r.epochs)} e{r.epoch}/{r.epochs}"
     if r.status == "running" or r.step:
         return f"e{r.epoch} s{r.step}"
     return ""
@@ -52,10 +56,12 @@ def elapsed(r: RunRow, now: float) -> float | None:
 
 
 def eta(r: RunRow, now: float) -> float | None:
-    if r.status != "running" or not r.total_steps or not r.step:
+    if r.status != "running":
         return None
-    spent = elapsed(r, now) or 0.0
-    return spent / r.step * (r.total_steps - r.step)
+    done = r.step / r.total_steps if r.total_steps else (r.epoch / r.epochs if r.epochs else 0)
+    if done <= 0:
+        return None
+    return (elapsed(r, now) or 0.0) * (1 - done) / done
 
 
 def sparkline(values: tuple[float, ...] | list[float], width: int, top: float = 100.0) -> str:

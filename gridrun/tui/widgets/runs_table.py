@@ -106,7 +106,7 @@ class RunsTable(DataTable):
     def _update(self, run_id: str, old: tuple, new: tuple) -> None:
         for key, a, b in zip(COLUMNS, old, new, strict=True):
             if a != b:
-                self.update_cell(run_id, key, b)
+                self.update_cell(run_id, key, b, update_width=True)
 
     def tick(self) -> None:
         """Elapsed and ETA move with the clock: refresh them for running runs only."""

@@ -1,0 +1,40 @@
+"""The two halves stay apart: the interface never imports torch, the engine never Textual."""
+
+import subprocess
+import sys
+
+
+def imported(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys\nprint(' '.join(sys.modules))"],
+                         capture_output=True, text=True, check=True, timeout=120)
+    return set(out.stdout.split())
+
+
+def test_interface_never_imports_torch():
+    mods = imported("import gridrun.tui.app, gridrun.tui.store_source, gridrun.commands.tui\n"
+                    "from gridrun.tui.store_source import StoreSource")
+    assert "textual" in mods
+    assert "torch" not in mods
+    assert "pandas" not in mods  # only the compare screen's worker pays for pandas
+
+
+def test_engine_never_imports_textual():
+    mods = imported("import importlib\n"
+                    "for m in ('store', 'scheduler', 'daemon', 'analysis', 'telemetry', 'spec',"
+                    " 'runlog', 'worker', 'trainer'):\n"
+                    "    try: importlib.import_module('gridrun.engine.' + m)\n"
+                    "    except ModuleNotFoundError as e:\n"
+                    "        if not e.name.startswith('gridrun'): raise")
+    assert "textual" not in mods
+    assert not any(m.startswith("gridrun.tui") for m in mods)
+
+
+def test_downsample_keeps_extremes():
+    from gridrun.tui.widgets.curves import downsample
+
+    points = [(i, float(i % 100)) for i in range(50_000)]
+    points[12_345] = (12_345, 1e6)
+    out = downsample(points, 80)
+    assert len(out) <= 160
+    assert (12_345, 1e6) in out
+    assert downsample(points[:100], 80) == points[:100]

@@ -1,0 +1,224 @@
+"""Pilot tests: press every key and check what changed (source actions, screens, widgets)."""
+
+from tui_helpers import aio, settle, until
+
+from gridrun.tui.app import GOODBYE
+from gridrun.tui.screens.compare import CompareScreen
+from gridrun.tui.screens.detail import DetailScreen, OverlayScreen
+from gridrun.tui.screens.dialogs import Confirm, Prompt, QueueScreen
+from gridrun.tui.screens.help import HelpScreen
+
+
+@aio
+async def test_table_fills_and_navigates(make_app):
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        table = app.main.table
+        assert table.row_count == 24
+        first = table.current.id
+        await pilot.press("j", "j", "k")
+        assert table.cursor_row == 1 and table.current.id != first
+
+
+@aio
+async def test_cancel_asks_then_writes(make_app):
+    app, src = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("j", "j")  # row 2 is running
+        run = app.main.table.current
+        assert run.status == "running"
+        await pilot.press("c")
+        assert isinstance(app.screen, Confirm)
+        await pilot.press("n")
+        assert src.actions == []
+        await pilot.press("c", "y")
+        await until(pilot, lambda: src.actions)
+        assert src.actions == [("cancel", (run.id,))]
+
+
+@aio
+async def test_retry_priority_pause_start(make_app):
+    app, src = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        table = app.main.table
+        table.move_cursor(row=4)  # failed
+        failed = table.current
+        assert failed.status == "failed"
+        await pilot.press("r")
+        table.move_cursor(row=3)  # queued
+        queued = table.current.id
+        await pilot.press("plus", "minus", "p")
+        await until(pilot, lambda: len(src.actions) == 4)
+        assert src.actions[0] == ("retry", (failed.id,))
+        assert ("priority", (queued,), 1) in src.actions
+        assert ("priority", (queued,), -1) in src.actions
+        assert ("pause",) in src.actions
+
+
+@aio
+async def test_start_engine_key_only_when_stopped(make_app):
+    from gridrun.tui.source import EngineState, Update
+    app, src = make_app()
+    src._snapshots[0] = Update(runs=src._snapshots[0].runs, engine=EngineState(False, False, {}))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert "E starts it" in str(app.main.query_one("#header").render())
+        await pilot.press("E")
+        await until(pilot, lambda: src.actions)
+        assert src.actions == [("start_engine",)]
+
+
+@aio
+async def test_marks_overlay_and_detail(make_app):
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("v")  # nothing marked: greyed out, nothing happens
+        assert app.screen is app.main
+        await pilot.press("space", "space")
+        assert len(app.main.table.marked) == 2
+        await pilot.press("v")
+        assert isinstance(app.screen, OverlayScreen)
+        await until(pilot, lambda: all(d.series for d in app.screen.data.values()))
+        await pilot.press("m", "l")
+        assert app.screen.log_scale
+        await pilot.press("escape", "escape")  # back; esc again clears the marks
+        assert not app.main.table.marked
+        await pilot.press("enter")
+        assert isinstance(app.screen, DetailScreen)
+        await until(pilot, lambda: "train loss" in app.screen.data.series)
+        assert len(app.screen.data.series["train loss"]) == 40
+        await pilot.press("l")
+        assert app.screen.log_scale
+        await pilot.press("escape")
+        assert app.screen is app.main
+
+
+@aio
+async def test_failed_run_shows_traceback(make_app):
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        app.main.table.move_cursor(row=4)
+        await pilot.press("enter")
+        await settle(pilot)
+        await until(pilot, lambda: "boom" in str(app.screen.query_one("#summary").render()))
+
+
+@aio
+async def test_queue_file_by_keyboard(make_app):
+    app, src = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("a")
+        assert isinstance(app.screen, QueueScreen)
+        await pilot.press("enter")  # checks the default ./experiments.toml
+        await until(pilot, lambda: app.screen.plan is not None)
+        text = str(app.screen.query_one("#plan").render())
+        assert "6 runs" in text and "already done" in text
+        await pilot.press("enter")  # queues it
+        await until(pilot, lambda: app.screen is app.main)
+        assert src.actions == [("plan", "./experiments.toml"), ("queue", "./experiments.toml")]
+
+
+@aio
+async def test_queue_shows_errors_and_queues_nothing(make_app):
+    app, src = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("a")
+        app.screen.query_one("Input").value = "bad.toml"
+        await pilot.press("enter")
+        await until(pilot, lambda: app.screen.plan is not None)
+        assert "did you mean 'lr'" in str(app.screen.query_one("#plan").render())
+        await pilot.press("enter")  # checks again; never queues a bad file
+        await until(pilot, lambda: len(src.actions) == 2)
+        await pilot.press("escape")
+        assert [a[0] for a in src.actions] == ["plan", "plan"]
+
+
+@aio
+async def test_clone_with_override(make_app):
+    app, src = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        run = app.main.table.current
+        await pilot.press("d")
+        assert isinstance(app.screen, Prompt)
+        await pilot.press(*"lr=0.01", "enter")
+        await until(pilot, lambda: src.actions)
+        assert src.actions == [("clone", run.id, "lr=0.01")]
+
+
+@aio
+async def test_compare_and_export(make_app, tmp_path):
+    app, src = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("t")
+        assert isinstance(app.screen, CompareScreen)
+        assert app.screen.experiment == "lr-sweep"
+        await until(pilot, lambda: app.screen.shown is not None)
+        assert app.screen.query_one("DataTable").row_count == 4
+        await pilot.press("j", "e")
+        prompt = app.screen
+        assert prompt.query_one("Input").value == "/tmp/gridrun-demo/lr-sweep.csv"
+        prompt.query_one("Input").value = str(tmp_path / "out.csv")
+        await pilot.press("enter")
+        await until(pilot, lambda: (tmp_path / "out.csv").exists())
+        assert (tmp_path / "out.csv").read_text().startswith("lr,hidden,seeds,accuracy,loss\n")
+        assert ("export", "lr-sweep", str(tmp_path / "out.csv")) in src.actions
+
+
+@aio
+async def test_filter_sort_group(make_app):
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        table = app.main.table
+        await pilot.press("slash", *"failed")
+        assert table.row_count == 3 and all(table.runs[k].status == "failed" for k in table.shown)
+        await pilot.press("enter", "escape")
+        assert table.row_count == 24
+        await pilot.press("s")  # sort by status
+        statuses = [table.runs[table.coordinate_to_cell_key((i, 0)).row_key.value].status
+                    for i in range(table.row_count)]
+        assert statuses == sorted(statuses)
+        await pilot.press("g")
+        exps = [table.runs[table.coordinate_to_cell_key((i, 0)).row_key.value].experiment
+                for i in range(table.row_count)]
+        assert exps == sorted(exps)
+
+
+@aio
+async def test_help_lists_every_key_and_quit_says_engine_runs(make_app):
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        text = str(app.screen.query_one("#help").render())
+        for key in ("space", "enter", "/", "+", "-", "a", "c", "r", "p", "d", "t", "e", "l", "v", "q"):
+            assert f"  {key} " in text, key
+        await pilot.press("escape", "q")
+    assert app.return_code == 0
+    assert GOODBYE in (app._exit_renderables[0] if app._exit_renderables else GOODBYE)
+
+
+@aio
+async def test_runs_changed_updates_only_changed_cells(make_app):
+    from dataclasses import replace
+
+    app, _src = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        table = app.main.table
+        run = next(r for r in table.runs.values() if r.status == "running")
+        calls = []
+        original = table.update_cell
+        table.update_cell = lambda *a, **k: (calls.append(a[1]), original(*a, **k))
+        table.apply([replace(run, step=run.step + 1, train_loss=0.1234)])
+        assert sorted(calls) == ["eta", "loss", "progress"]  # ETA follows the step
