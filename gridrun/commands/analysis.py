@@ -1,7 +1,135 @@
-"""(not built yet)"""
+"""`gridrun compare` and `gridrun export`: ablation tables and files from finished runs."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
+
+
+class Format(StrEnum):
+    table = "table"
+    csv = "csv"
+    markdown = "markdown"
+    latex = "latex"
+    json = "json"
+
+
+class What(StrEnum):
+    runs = "runs"
+    metrics = "metrics"
+    ablation = "ablation"
+
+
+START_HINT = "start some with: gridrun run experiments.toml"
+
+
+def _from_store(root: Path) -> tuple[dict[str, str], list[Any], dict[str, Any]]:
+    """States, folderless queued runs and provenance from the store, when there is one.
+
+    Never creates a store: comparing must not write into a root.
+    """
+    from gridrun.engine import layout
+
+    if not (root / layout.DB_NAME).is_file():
+        return {}, [], {}
+    try:
+        from gridrun.engine.store import Store
+
+        with Store(root) as store:
+            runs = store.list_runs()
+    except Exception:
+        return {}, [], {}  # files alone still give a table
+    queued = [r.spec for r in runs if not r.run_dir(root).is_dir()]
+    return ({r.id: r.status for r in runs}, queued,
+            {r.id: r.provenance for r in runs if r.provenance})
+
+
+def _frame(root: Path, experiment: str | None) -> Any:
+    from gridrun.engine.analysis import runs_frame
+
+    statuses, queued, provenance = _from_store(root)
+    frame = runs_frame(root, statuses, queued=queued, provenance=provenance)
+    if frame.empty:
+        fail(f"no runs under {root} yet; {START_HINT}")
+    if experiment is not None and experiment not in set(frame["experiment"]):
+        known = ", ".join(sorted(set(frame["experiment"])))
+        fail(f"no experiment {experiment!r} under {root}; there are: {known}")
+    return frame
+
+
+def compare(
+    experiment: Annotated[str | None, typer.Argument(help="Only this experiment (default: all).")] = None,
+    by: Annotated[str | None, typer.Option("--by", help="Group by these keys, comma-separated "
+                                           "(default: the keys that vary; never the seed).")] = None,
+    metric: Annotated[str | None, typer.Option("--metric", help="Only this metric.")] = None,
+    final: Annotated[bool, typer.Option("--final", help="The value at the last evaluation "
+                                        "instead of the best one (what early stopping keeps).")] = False,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    root: RootOption = DEFAULT_ROOT,
+) -> None:
+    """Mean ± std over seeds per cell, the best cell per metric, deltas vs the baseline."""
+    from gridrun.engine.analysis import AnalysisError, ablation_table, format_table
+
+    frame = _frame(root, experiment)
+    try:
+        table = ablation_table(frame, experiment, by=by.split(",") if by else None,
+                               metric=metric, final=final)
+    except AnalysisError as exc:
+        fail(str(exc))
+    typer.echo(format_table(table, fmt.value), nl=False)
+
+
+def export(
+    out: Annotated[Path, typer.Option("-o", "--output", help="The file to write: .csv, or "
+                                      ".parquet (needs pyarrow).", dir_okay=False)],
+    what: Annotated[What, typer.Option("--what", help="runs: one row per run; metrics: every "
+                                       "logged value, long format; ablation: the compare table.")
+                    ] = What.runs,
+    experiment: Annotated[str | None, typer.Option("--experiment", help="Only this experiment.")] = None,
+    status: Annotated[str | None, typer.Option("--status", help="Only runs in this state "
+                                               "(completed, running, failed, ...).")] = None,
+    root: RootOption = DEFAULT_ROOT,
+) -> None:
+    """Write runs, metrics or the ablation table to a CSV or Parquet file."""
+    from gridrun.engine import states
+    from gridrun.engine.analysis import (
+        AnalysisError,
+        ablation_table,
+        export_metrics,
+        write_frame,
+    )
+
+    if status is not None and status not in states.ALL:
+        fail(f"unknown status {status!r}: choose one of {', '.join(states.ALL)}")
+    if not out.parent.is_dir():
+        fail(f"cannot write {out}: the folder {out.parent} does not exist")
+    frame = _frame(root, experiment)
+    if status is not None:
+        frame = frame[frame["status"] == status]
+        if frame.empty:
+            fail(f"no {status} runs under {root}" + (f" in {experiment!r}" if experiment else ""))
+    try:
+        if what is What.metrics:
+            statuses = dict(zip(frame["id"], frame["status"], strict=True))
+            rows = export_metrics(root, out, experiment, status, statuses)
+        elif what is What.ablation:
+            rows = write_frame(ablation_table(frame, experiment), out)
+        else:
+            if experiment is not None:
+                frame = frame[frame["experiment"] == experiment]
+            rows = write_frame(frame, out)
+    except AnalysisError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write {out}: {exc.strerror or exc}")
+    typer.echo(f"wrote {rows:,} rows ({what.value}) to {out}")
+
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command()(compare)
+    app.command()(export)
