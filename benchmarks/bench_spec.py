@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import platform
 import statistics
 import tempfile
@@ -72,7 +73,8 @@ def main() -> None:
     assert n_base == len(runs) == 10_000, (n_base, len(runs))
     base, spec = statistics.median(base_times), statistics.median(spec_times)
     print(f"machine: {platform.node()} {platform.processor() or platform.machine()}, "
-          f"Python {platform.python_version()}")
+          f"{os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.1f}")
     print(f"runs: {len(runs):,}, repetitions: {args.repeat} (median)")
     print(f"baseline tomllib.loads + itertools.product: {base * 1e3:.2f} ms")
     print(f"load_runs (parse, validate, expand, hash ids): {spec * 1e3:.1f} ms "
