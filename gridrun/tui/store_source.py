@@ -230,8 +230,10 @@ class StoreSource:
             task_args[key] = value
         else:
             raise ValueError(f"{key!r} is neither a trainer key nor a key of task {spec.task!r}")
+        words = [w for w in spec.variant.split() if not w.startswith(f"{key}=")]
+        variant = " ".join([*words, f"{key}={text.strip()}"])
         new = RunSpec(id=make_id(spec.experiment, spec.task, trainer, task_args, spec.seed),
-                      experiment=spec.experiment, variant=f"{spec.variant} {key}={text.strip()}".strip(),
+                      experiment=spec.experiment, variant=variant,
                       seed=spec.seed, task=spec.task, trainer=trainer, task_args=task_args,
                       axes={**spec.axes, key: value}, ablation=spec.ablation)
         queued, _ = self.store.enqueue([new])

@@ -111,7 +111,8 @@ class DetailScreen(Screen):
         self.query_one("#loss", Curves).draw(
             "loss", self.data.pick("train loss", *self.data.val_names), log=self.log_scale)
         self.query_one("#rate", Curves).draw(
-            "lr, samples/s", self.data.pick("lr", "samples_per_s"), log=self.log_scale)
+            "samples/s (left), lr (right)", self.data.pick("samples_per_s", "lr"),
+            log=self.log_scale, right=("lr",))
 
     def action_log(self) -> None:
         self.log_scale = not self.log_scale

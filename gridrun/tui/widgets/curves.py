@@ -33,7 +33,9 @@ def usable(points: Series, log: bool) -> Series:
 class Curves(PlotextPlot):
     """A plot of named series, redrawn only when told (`draw`)."""
 
-    def draw(self, title: str, series: dict[str, Series], *, log: bool = False) -> None:
+    def draw(self, title: str, series: dict[str, Series], *, log: bool = False,
+             right: tuple[str, ...] = ()) -> None:
+        """`right` names series drawn against a second y axis (lr beside samples/s)."""
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
@@ -43,10 +45,13 @@ class Curves(PlotextPlot):
         for name, points in series.items():
             pts = downsample(usable(points, log), width)
             if pts:
-                plt.plot([p[0] for p in pts], [p[1] for p in pts], label=name, marker="braille")
+                plt.plot([p[0] for p in pts], [p[1] for p in pts], label=name, marker="braille",
+                         yside="right" if name in right else "left")
                 drawn = True
         if log and drawn:
             plt.yscale("log")
+            if right:
+                plt.yscale("log", yside="right")
         if not drawn:
             plt.title(f"{title}: no points yet")
         self.refresh()

@@ -20,8 +20,8 @@ def status(s: str) -> Text:
 def num(v: float | None, digits: int = 4) -> str:
     if v is None:
         return "-"
-    if abs(v) >= 10_000:
-        return f"{v / 1000:.{max(1, digits - 1)}g}k"
+    if abs(v) >= 1000:
+        return f"{v / 1000:.{max(2, digits - 1)}g}k"
     return f"{v:.{digits}g}"
 
 

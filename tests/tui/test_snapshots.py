@@ -1,0 +1,55 @@
+"""Snapshots of the main screens with the scripted source and a frozen clock.
+
+Update after a deliberate change: pytest tests/tui/test_snapshots.py --snapshot-update
+"""
+
+import pytest
+from tui_helpers import settle, until
+
+SIZES = [(80, 24), (160, 48)]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_main(snap_compare, make_app, size):
+    app, _ = make_app(40)
+    assert snap_compare(app, terminal_size=size, run_before=settle)
+
+
+def test_main_without_gpu(snap_compare, make_app):
+    app, _ = make_app(12, gpus=False)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=settle)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_detail(snap_compare, make_app, size):
+    app, _ = make_app()
+
+    async def open_detail(pilot):
+        await settle(pilot)
+        await pilot.press("enter")
+        await until(pilot, lambda: "train loss" in app.screen.data.series)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=size, run_before=open_detail)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_compare(snap_compare, make_app, size):
+    app, _ = make_app()
+
+    async def open_compare(pilot):
+        await settle(pilot)
+        await pilot.press("t")
+        await until(pilot, lambda: getattr(app.screen, "shown", None) is not None)
+
+    assert snap_compare(app, terminal_size=size, run_before=open_compare)
+
+
+def test_help(snap_compare, make_app):
+    app, _ = make_app()
+
+    async def open_help(pilot):
+        await settle(pilot)
+        await pilot.press("question_mark")
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=open_help)
