@@ -35,6 +35,20 @@ def process_start_time(pid: int) -> float | None:
         return None
 
 
+def alive(pid: int, start_time: float | None) -> float | None:
+    """The process's start time if `pid` is still that process and not a zombie."""
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+        actual = proc.create_time()
+        if start_time and abs(actual - start_time) > 0.5:
+            return None
+        return None if proc.status() == psutil.STATUS_ZOMBIE else actual
+    except Exception:
+        return None
+
+
 def lock_holder(run_dir: str | os.PathLike) -> dict | None:
     """{"pid", "start_time"} of the process holding the run's lock, or None if free."""
     path = Path(run_dir) / LOCK

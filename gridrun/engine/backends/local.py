@@ -79,15 +79,15 @@ class LocalBackend(Backend):
 
     def reattach(self, run_id: str, run_dir: Path, pid: int | None, start_time: float | None,
                  slot: Slot | None = None) -> Handle | None:
-        holder = child.lock_holder(run_dir)
-        if holder is None:
-            return None  # nobody holds the run's lock: its process is gone
+        holder = child.lock_holder(run_dir) or {}
+        # the lock names the process that runs it; without a holder, the
+        # recorded pid may be one that has not taken the lock yet
         pid = holder.get("pid") or pid
         start_time = holder.get("start_time") or start_time
-        if pid is None:
+        if pid is None or (not holder and not start_time):
             return None
-        actual = child.process_start_time(pid)
-        if actual is None or (start_time and abs(actual - start_time) > 0.5):
+        actual = child.alive(pid, start_time)
+        if actual is None:
             return None
         handle = Handle(run_id, Path(run_dir), pid, actual, slot)
         self.procs[pid] = _Proc(handle, "adopted", pidfd=_pidfd(pid))
@@ -147,13 +147,8 @@ class LocalBackend(Backend):
             if self.server.alive():
                 return False
         # adopted, or the server died: watch the process and read its exit record
-        actual = child.process_start_time(pid)
-        if actual is not None and abs(actual - proc.handle.start_time) <= 0.5:
-            with contextlib.suppress(Exception):
-                import psutil
-
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    return False
+        if child.alive(pid, proc.handle.start_time):
+            return False
         record = child.read_exit_record(proc.handle.run_dir)
         if record and record.get("pid") == pid:
             return record["code"]

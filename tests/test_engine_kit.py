@@ -1,0 +1,73 @@
+"""Shared helpers for the engine, daemon and backend tests (no tests here).
+
+Runs are built directly as RunSpecs with tiny data so a whole queue trains in
+seconds on a shared CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from gridrun.engine import layout, runlog, states
+from gridrun.engine.spec import TRAINER_KEYS, RunSpec, run_id
+
+TIMING_KEYS = {"t", "samples_per_s", "step_time", "tokens_per_s"}
+TINY = {"train_size": 256, "val_size": 64, "hidden": 16, "depth": 1}
+
+
+def make_run(task: str = "spirals", seed: int = 0, experiment: str = "e", variant: str = "",
+             task_args: dict | None = None, **trainer) -> RunSpec:
+    resolved = {k: key.default for k, key in TRAINER_KEYS.items()}
+    resolved.update({"epochs": 2, "batch_size": 64, "log_every": 2, **trainer})
+    if task_args is None:
+        task_args = dict(TINY) if task in ("spirals", "helper_tasks:slow_spirals") else {}
+    rid = run_id(experiment, task, resolved, task_args, seed)
+    return RunSpec(rid, experiment, variant or f"{task} s{seed}", seed, task, resolved, task_args, {})
+
+
+def slow_run(seed: int = 0, sleep: float = 0.02, epochs: int = 3, **trainer) -> RunSpec:
+    """About 8 steps an epoch at `sleep` s a step; checkpoints every 2 steps."""
+    return make_run("helper_tasks:slow_spirals", seed, epochs=epochs, checkpoint_every=2,
+                    task_args={**TINY, "step_sleep": sleep}, **trainer)
+
+
+def metrics_without_timing(root: Path, run: RunSpec) -> list[dict]:
+    path = layout.run_dir(root, run.experiment, run.id) / layout.METRICS
+    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in runlog.read_all(path)]
+
+
+def summary(root: Path, run: RunSpec) -> dict:
+    return json.loads((layout.run_dir(root, run.experiment, run.id) / layout.SUMMARY).read_text())
+
+
+def wait_for(predicate, timeout: float = 60.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {predicate}")
+
+
+def drain(engine, timeout: float = 120.0) -> None:
+    """Step an in-process engine until nothing is queued or running."""
+    deadline = time.monotonic() + timeout
+    while not engine.idle():
+        assert time.monotonic() < deadline, "the queue did not drain"
+        engine.step()
+
+
+def kill_quietly(pid: int | None, sig: int = signal.SIGKILL) -> None:
+    if pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def finished(store, ids) -> bool:
+    return all(r.status in states.FINISHED for r in store.list_runs(ids=ids))

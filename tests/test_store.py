@@ -1,0 +1,163 @@
+"""The store: real SQLite files, several connections and processes at once."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+import stat
+
+import pytest
+from test_engine_kit import make_run
+
+from gridrun.engine import states
+from gridrun.engine.store import MIGRATIONS, RunNotFound, Store
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "runs") as s:
+        yield s
+
+
+def test_creates_private_files_wal_and_schema_version(tmp_path):
+    root = tmp_path / "runs"
+    Store(root).close()
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert stat.S_IMODE((root / "gridrun.db").stat().st_mode) == 0o600
+    db = sqlite3.connect(root / "gridrun.db")
+    assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    Store(root).close()  # opening again migrates nothing
+
+
+def test_refuses_a_newer_schema(tmp_path):
+    root = tmp_path / "runs"
+    Store(root).close()
+    db = sqlite3.connect(root / "gridrun.db")
+    db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    db.commit()
+    with pytest.raises(RuntimeError, match="newer gridrun"):
+        Store(root)
+
+
+def test_enqueue_skips_known_cells_and_force_queues_a_new_attempt(store):
+    a, b = make_run(seed=0), make_run(seed=1)
+    assert store.enqueue([a, b], {"git_commit": "abc"}) == ([a.id, b.id], [])
+    assert store.enqueue([a, b]) == ([], [a.id, b.id])
+    assert store.transition(a.id, states.QUEUED, states.RUNNING)
+    assert store.transition(a.id, states.RUNNING, states.COMPLETED)
+    assert store.enqueue([a]) == ([], [a.id])
+    assert store.enqueue([a], force=True) == ([a.id], [])
+    run = store.get_run(a.id)
+    assert (run.status, run.attempt, run.fresh) == (states.QUEUED, 2, True)
+    assert store.get_run(b.id).provenance == {"git_commit": "abc"}
+
+
+def test_failed_cells_are_queued_again_without_force(store):
+    a = make_run()
+    store.enqueue([a])
+    store.transition(a.id, states.QUEUED, states.RUNNING)
+    store.transition(a.id, states.RUNNING, states.FAILED, error="boom")
+    assert store.enqueue([a]) == ([a.id], [])
+    run = store.get_run(a.id)
+    assert (run.status, run.attempt, run.error, run.fresh) == (states.QUEUED, 2, None, False)
+
+
+def test_unique_prefixes(store):
+    runs = [make_run(seed=s) for s in range(40)]
+    store.enqueue(runs)
+    rid = runs[0].id
+    assert store.get_run(rid[:8]).id == rid
+    with pytest.raises(RunNotFound, match="no run matches"):
+        store.get_run("zzzz")
+    with pytest.raises(RunNotFound, match="several runs"):
+        store.get_run("")
+
+
+def test_transitions_are_guarded(store):
+    a = make_run()
+    store.enqueue([a])
+    assert store.transition(a.id, states.QUEUED, states.RUNNING, slot="cpu0")
+    assert not store.transition(a.id, states.QUEUED, states.RUNNING, slot="cpu1")
+    assert store.get_run(a.id).slot == "cpu0"
+
+
+def test_changes_since_returns_only_what_changed(store):
+    a, b = make_run(seed=0), make_run(seed=1)
+    store.enqueue([a, b])
+    rows, seq = store.changes_since(0)
+    assert {r.id for r in rows} == {a.id, b.id}
+    assert store.changes_since(seq) == ([], seq)
+    store.transition(b.id, states.QUEUED, states.RUNNING)
+    rows, seq2 = store.changes_since(seq)
+    assert [r.id for r in rows] == [b.id] and seq2 > seq
+
+
+def test_queue_order_is_priority_then_first_in(store):
+    runs = [make_run(seed=s) for s in range(4)]
+    store.enqueue(runs)
+    store.set_priority([runs[2].id], 5)
+    store.set_priority([runs[3].id], 1)
+    store.set_priority([runs[3].id], 10, relative=True)
+    assert [r.id for r in store.next_queued(10)] == [runs[i].id for i in (3, 2, 0, 1)]
+
+
+def test_cancel_retry_pause(store):
+    a, b = make_run(seed=0), make_run(seed=1)
+    store.enqueue([a, b])
+    store.transition(b.id, states.QUEUED, states.RUNNING)
+    assert store.cancel([a.id, b.id]) == {a.id: "cancelled", b.id: "cancelling"}
+    pending = store.intents(pending=True)
+    assert [(i.kind, i.run_id) for i in pending] == [("cancel", b.id)]
+    store.mark_applied(pending[0].id, "stopping")
+    assert store.intents(pending=True) == []
+    assert store.retry([a.id]) == {a.id: "queued"}
+    assert store.get_run(a.id).attempt == 2
+    assert store.retry([b.id])[b.id].startswith("not retried")
+    assert not store.paused
+    store.pause()
+    assert store.paused
+    store.resume()
+    assert not store.paused
+
+
+def test_telemetry_history_is_bounded(store):
+    for i in range(200):
+        store.record_telemetry({"i": i}, t=1000.0 + i, keep=50)
+    assert store.latest_telemetry().data == {"i": 199}
+    since = store.telemetry_since(1190.0)
+    assert [s.data["i"] for s in since] == list(range(191, 200))
+    assert len(store.telemetry_since(0)) <= 50 + 64
+
+
+def _hammer(root, ids, n, worker):
+    # a separate process acting like a CLI: retries, cancels and reprioritises
+    with Store(root) as s:
+        for i in range(n):
+            s.cancel(ids) if (i + worker) % 2 else s.retry(ids)
+            s.set_priority(ids, 1, relative=True)
+
+
+def test_two_clients_at_once_keep_the_store_consistent(tmp_path):
+    root = tmp_path / "runs"
+    runs = [make_run(seed=s) for s in range(5)]
+    with Store(root) as s:
+        s.enqueue(runs)
+    ids = [r.id for r in runs]
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_hammer, args=(root, ids, 30, w)) for w in range(2)]
+    for p in procs:
+        p.start()
+    with Store(root) as s:  # meanwhile an "engine" takes runs with guarded updates
+        taken = [r.id for r in s.list_runs() if s.transition(r.id, states.QUEUED, states.RUNNING)]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    with Store(root) as s:
+        rows = s.list_runs()
+        assert all(r.priority == 60 for r in rows)
+        assert all(r.status in (states.QUEUED, states.CANCELLED) for r in rows if r.id not in taken)
+        assert all(s.get_run(t).status == states.RUNNING for t in taken)
+        seqs = [r.seq for r in rows]
+        assert len(set(seqs)) == len(seqs)
+        assert s.get_state("seq") >= max(seqs)
