@@ -86,7 +86,7 @@ def test_export_metrics_long_format(tmp_path):
     make_run(tmp_path, "f", 0, summary=False)  # no metrics yet
     out = tmp_path / "m.csv"
     # small chunks and flushes exercise the streaming path
-    n = analysis.export_metrics(tmp_path, out, chunk_bytes=256, flush_rows=5)
+    n = analysis.export_metrics(tmp_path, out, chunk_bytes=256, flush_lines=3)
     back = pd.read_csv(out)
     assert list(back.columns) == ["run_id", "step", "epoch", "split", "metric", "value"]
     assert n == len(back) == 6 * 4 + 2 + 2 * 4

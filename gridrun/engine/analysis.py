@@ -431,20 +431,23 @@ def write_frame(frame: pd.DataFrame, out: str | os.PathLike) -> int:
     return len(frame)
 
 
-def _long(records: list[dict[str, Any]], run_id: str) -> pd.DataFrame:
+def _long(records: list[dict[str, Any]], run_ids: list[str]) -> pd.DataFrame:
     """Wide log lines -> (run_id, step, epoch, split, metric, value), in line order."""
     df = pd.DataFrame.from_records(records)
-    ids = [c for c in ("step", "epoch", "split") if c in df]
     names = [c for c in df.columns if c not in ("t", "step", "epoch", "split")]
     values = df[names].apply(pd.to_numeric, errors="coerce").to_numpy(float)
     keep = ~np.isnan(values.ravel())
-    repeat = lambda col: np.repeat(df[col].to_numpy(), len(names))[keep]  # noqa: E731
     n = int(keep.sum())
+
+    def repeat(column: str | None, fill: Any) -> np.ndarray:
+        if column is not None and column not in df:
+            return np.full(n, fill)
+        data = np.asarray(run_ids, dtype=object) if column is None else df[column].to_numpy()
+        return np.repeat(data, len(names))[keep]
+
     return pd.DataFrame({
-        "run_id": np.full(n, run_id, dtype=object),
-        "step": repeat("step") if "step" in ids else np.full(n, np.nan),
-        "epoch": repeat("epoch") if "epoch" in ids else np.full(n, np.nan),
-        "split": repeat("split") if "split" in ids else np.full(n, None, dtype=object),
+        "run_id": repeat(None, None), "step": repeat("step", np.nan),
+        "epoch": repeat("epoch", np.nan), "split": repeat("split", None),
         "metric": np.tile(np.asarray(names, dtype=object), len(df))[keep],
         "value": values.ravel()[keep],
     })
@@ -470,24 +473,29 @@ def _status(folder: Path, statuses: Mapping[str, str]) -> str:
 
 def export_metrics(root: str | os.PathLike, out: str | os.PathLike, experiment: str | None = None,
                    status: str | None = None, statuses: Mapping[str, str] | None = None, *,
-                   chunk_bytes: int = 1 << 22, flush_rows: int = 1_000_000) -> int:
+                   chunk_bytes: int = 1 << 22, flush_lines: int = 100_000) -> int:
     """Every metrics line as long-format rows, streamed: memory stays around
-    `flush_rows` rows whatever the total. Written to OUT.tmp, then renamed."""
+    `flush_lines` log lines (plus one chunk) whatever the total. Written to
+    OUT.tmp, then renamed."""
     out = Path(out)
     parquet = out.suffix == ".parquet"
     pa = _parquet_module() if parquet else None
     tmp = out.with_name(out.name + ".tmp")
-    pending: list[pd.DataFrame] = []
-    buffered = total = 0
+    # Lines of many small logs are converted together: one DataFrame per run
+    # would cost more than the parsing for 10,000 short runs.
+    records: list[dict[str, Any]] = []
+    run_ids: list[str] = []
+    total = 0
     writer: Any = None
     statuses = statuses or {}
 
     def flush() -> None:
-        nonlocal writer, buffered, total
-        if not pending:
+        nonlocal writer, total
+        if not records:
             return
-        chunk = pd.concat(pending, ignore_index=True)
-        pending.clear()
+        chunk = _long(records, run_ids)
+        records.clear()
+        run_ids.clear()
         if parquet:
             batch = pa.Table.from_pandas(chunk.astype({"step": "float64", "epoch": "float64"}),
                                          preserve_index=False)
@@ -497,7 +505,6 @@ def export_metrics(root: str | os.PathLike, out: str | os.PathLike, experiment: 
         else:
             chunk.to_csv(tmp, mode="a", header=total == 0, index=False)
         total += len(chunk)
-        buffered = 0
 
     try:
         tmp.unlink(missing_ok=True)
@@ -507,12 +514,11 @@ def export_metrics(root: str | os.PathLike, out: str | os.PathLike, experiment: 
             path = folder / layout.METRICS
             if not path.exists():
                 continue
-            for records in runlog.iter_chunks(path, chunk_bytes):
-                if records:
-                    pending.append(_long(records, run_id))
-                    buffered += len(pending[-1])
-                    if buffered >= flush_rows:
-                        flush()
+            for lines in runlog.iter_chunks(path, chunk_bytes):
+                records.extend(lines)
+                run_ids.extend([run_id] * len(lines))
+                if len(records) >= flush_lines:
+                    flush()
         flush()
         if writer is not None:
             writer.close()
