@@ -46,7 +46,7 @@ class LocalBackend(Backend):
         self.procs: dict[int, _Proc] = {}
 
     def start(self) -> None:
-        if not self.use_forkserver:
+        if not self.use_forkserver or (self.server is not None and self.server.alive()):
             return
         from gridrun.engine.backends.forkserver import ForkServer
 
