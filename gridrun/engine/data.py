@@ -12,52 +12,52 @@ from gridrun.engine.seeding import data_seed, worker_init_fn
 
 
 class ResumableSampler(Sampler[int]):
-    """A permutation from a generator seeded by (seed, epoch), starting at `start`.
+    """A permutation from a generator seeded by (seed, epoch), from position `start`.
 
-    Skipping to a position costs one permutation, not loading the skipped samples.
+    Skipping to a position costs one permutation, not loading the skipped
+    samples. Only whole batches are drawn, so every step sees as many samples.
+    The sampler runs in the main process, so `set_epoch` also works with
+    persistent workers.
     """
 
-    def __init__(self, size: int, seed: int, epoch: int, start: int = 0):
-        self.size, self.seed, self.epoch, self.start = size, seed, epoch, start
+    def __init__(self, size: int, batch_size: int, seed: int):
+        self.size, self.seed = size, seed
+        self.usable = size // batch_size * batch_size
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start = epoch, start
 
     def __iter__(self) -> Iterator[int]:
         g = torch.Generator().manual_seed(data_seed(self.seed, self.epoch))
-        return iter(torch.randperm(self.size, generator=g)[self.start:].tolist())
+        return iter(torch.randperm(self.size, generator=g)[self.start:self.usable].tolist())
 
     def __len__(self) -> int:
-        return self.size - self.start
+        return max(self.usable - self.start, 0)
 
 
-def train_loader(dataset: Any, cfg: Mapping[str, Any], *, seed: int, epoch: int, start_batch: int,
-                 collate_fn: Any, cuda: bool) -> DataLoader:
-    batch = cfg["batch_size"]
-    usable = len(dataset) // batch * batch  # whole batches only: every step sees the same amount
-    sampler = ResumableSampler(len(dataset), seed, epoch, start_batch * batch)
+def train_loader(dataset: Any, cfg: Mapping[str, Any], *, seed: int, collate_fn: Any,
+                 cuda: bool) -> DataLoader:
+    """A loader for the whole run; call `start_epoch` before iterating each epoch."""
     workers = cfg["num_workers"]
     pin = cuda if cfg["pin_memory"] == "auto" else bool(cfg["pin_memory"])
     return DataLoader(
-        dataset, batch_size=batch, sampler=_Truncated(sampler, usable - start_batch * batch),
+        dataset, batch_size=cfg["batch_size"], sampler=ResumableSampler(len(dataset), cfg["batch_size"], seed),
         drop_last=True, collate_fn=collate_fn, num_workers=workers, pin_memory=pin,
         prefetch_factor=cfg["prefetch_factor"] if workers else None,
-        persistent_workers=False,  # a fresh loader per epoch carries the epoch's seed
+        persistent_workers=bool(workers) and cfg["persistent_workers"],
         worker_init_fn=worker_init_fn if workers else None,
-        # An explicit generator: otherwise creating the iterator draws from the
+        # An explicit generator: otherwise creating an iterator draws from the
         # global RNG, and a resumed run would draw at a different moment.
-        generator=torch.Generator().manual_seed(data_seed(seed, epoch) + 1),
+        generator=torch.Generator(),
     )
 
 
-class _Truncated(Sampler[int]):
-    def __init__(self, inner: Sampler[int], count: int):
-        self.inner, self.count = inner, max(count, 0)
-
-    def __iter__(self) -> Iterator[int]:
-        it = iter(self.inner)
-        for _ in range(self.count):
-            yield next(it)
-
-    def __len__(self) -> int:
-        return self.count
+def start_epoch(loader: DataLoader, seed: int, epoch: int, start_batch: int) -> None:
+    """Point the loader at `epoch`, from batch `start_batch`. Worker seeds follow
+    (seed, epoch) too, except with persistent workers, seeded once per process."""
+    loader.sampler.set_epoch(epoch, start_batch * loader.batch_size)
+    loader.generator.manual_seed(data_seed(seed, epoch) + 1)
 
 
 def val_loader(dataset: Any, cfg: Mapping[str, Any], *, collate_fn: Any, cuda: bool) -> DataLoader:

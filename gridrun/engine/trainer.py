@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from gridrun.engine import checkpoint, layout, states
-from gridrun.engine.data import count_samples, to_device, train_loader, val_loader
+from gridrun.engine.data import count_samples, start_epoch, to_device, train_loader, val_loader
 from gridrun.engine.optim import build_optimizer, lr_at
 from gridrun.engine.runlog import MetricsWriter
 from gridrun.engine.seeding import rng_state, seed_everything, set_determinism, set_rng_state
@@ -90,6 +90,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
     try:
         # ---- seed and build
         summary["determinism"] = set_determinism(cfg["deterministic"])
+        torch.autograd.set_detect_anomaly(cfg["detect_anomaly"])
         seed_everything(run.seed)
         task: Task = resolve(run.task)(**run.task_args)
         model = task.model.to(device)
@@ -183,16 +184,16 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         status = states.COMPLETED
         log(f"run {run.id} {run.experiment} {run.variant or ''} seed {run.seed}: {total} steps on "
             f"{summary['device']} ({precision})")
+        loader = train_loader(task.train_data, cfg, seed=run.seed, collate_fn=collate,
+                              cuda=device.type == "cuda")
+        non_blocking = loader.pin_memory
         samples = tokens = 0
         interval_start, interval_steps, train_time = time.perf_counter(), 0, 0.0
         total_samples = total_tokens = 0
         micro = 0
         stop_early = False
         while step < total and not stop_early and status == states.COMPLETED:
-            loader = train_loader(task.train_data, cfg, seed=run.seed, epoch=epoch,
-                                  start_batch=position, collate_fn=collate,
-                                  cuda=device.type == "cuda")
-            non_blocking = loader.pin_memory
+            start_epoch(loader, run.seed, epoch, position)
             for batch in loader:
                 samples += count(batch)
                 if task.count_tokens:
@@ -201,7 +202,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
                 with autocast:
                     loss = task.loss(step_model, batch)
                 pending.append(loss.detach())
-                scaler.scale(loss / accumulate).backward()
+                scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
                 micro += 1
                 if micro % accumulate:
                     continue
