@@ -136,3 +136,29 @@ def test_a_killed_worker_resumes_from_its_checkpoint_and_others_are_untouched(tm
     assert other_pid != pid
     for run in (victim, other):
         assert metrics_without_timing(root, run) == metrics_without_timing(reference, run)
+
+
+def test_telemetry_lands_in_the_store_with_the_process_list(tmp_path, backend):
+    from gridrun.engine.telemetry import Telemetry
+
+    class FakeGpuTelemetry(Telemetry):
+        def processes(self):  # as NVML would list our run's process on GPU 0
+            return {pid: 0 for pid in pids}
+
+    pids: list[int] = []
+    run = slow_run(sleep=0.05, epochs=4)
+    with Store(tmp_path) as store:
+        store.enqueue([run])
+        engine = engine_for(tmp_path, backend, slots=1, telemetry=FakeGpuTelemetry(),
+                            telemetry_every=0.05, processes_every=0.05)
+        engine.start()
+        engine.step(0.01)
+        pids.append(engine.active[run.id].handle.pid)
+        for _ in range(5):
+            engine.step(0.06)
+        latest = store.latest_telemetry()
+        history = store.telemetry_since(0)
+        drain(engine)
+    assert latest is not None and latest.data["system"]["cpu_percent"] is not None
+    assert latest.data["processes"] == [{"pid": pids[0], "gpu": 0, "run_id": run.id}]
+    assert len(history) >= 3

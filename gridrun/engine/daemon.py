@@ -44,11 +44,10 @@ def status(root: str | os.PathLike) -> EngineStatus:
         info = json.loads((root / PID).read_text())
     pid, started = info.get("pid"), info.get("start_time")
     alive = False
-    if pid:
-        from gridrun.engine.backends.child import process_start_time
+    if pid and started:
+        from gridrun.engine.backends.child import alive as process_alive
 
-        actual = process_start_time(pid)
-        alive = actual is not None and started is not None and abs(actual - started) < 0.5
+        alive = process_alive(pid, started) is not None  # a zombie engine is not running
     return EngineStatus(alive, pid if alive else None, info.get("started_at") if alive else None,
                         root, root / LOG)
 

@@ -157,4 +157,5 @@ class ForkServer:
 
 
 if __name__ == "__main__":
-    serve()
+    with contextlib.suppress(BrokenPipeError, KeyboardInterrupt):
+        serve()  # a broken pipe: the engine went away before us

@@ -88,7 +88,10 @@ class LocalBackend(Backend):
             return None
         actual = child.alive(pid, start_time)
         if actual is None:
-            return None
+            record = child.read_exit_record(run_dir)
+            if not (record and record.get("pid") == pid):
+                return None
+            actual = start_time  # it ended while no engine watched: poll reports its code
         handle = Handle(run_id, Path(run_dir), pid, actual, slot)
         self.procs[pid] = _Proc(handle, "adopted", pidfd=_pidfd(pid))
         return handle
