@@ -5,7 +5,7 @@ exporting 10 million metric rows, with time and peak memory.
 
 Generates 10 experiments x 1,000 runs (10 lr x 10 hidden x 10 seeds), each
 with config.toml, summary.json and a metrics.jsonl of `--lines` lines (90%
-train lines of 4 metrics, 10% val lines of 2): 250 lines give 1,000 metric
+train and val lines of 4 metrics each): 250 lines give 1,000 metric
 rows a run, 10 million in all. Each measurement runs in a fresh process and
 reports that process's peak RSS (getrusage) and its RSS after imports.
 
@@ -42,7 +42,8 @@ def generate(root: Path, runs: int, lines: int) -> None:
     base = {k: key.default for k, key in TRAINER_KEYS.items()}
     train = ('{{"t":{t},"step":{s},"epoch":{e},"split":"train","loss":{l:.6f},"lr":0.001,'
              '"samples_per_s":{v:.1f},"step_time":0.0123}}\n')
-    val = '{{"t":{t},"step":{s},"epoch":{e},"split":"val","loss":{l:.6f},"accuracy":{a:.6f}}}\n'
+    val = ('{{"t":{t},"step":{s},"epoch":{e},"split":"val","loss":{l:.6f},"accuracy":{a:.6f},'
+           '"top5":{a:.6f},"error":{l:.6f}}}\n')
     for e in range(EXPERIMENTS):
         for i in range(per_exp):
             lr, hidden, seed = LRS[i % 10], HIDDENS[(i // 10) % 10], i // 100

@@ -248,7 +248,7 @@ def ablation_table(frame: pd.DataFrame, experiment: str | None = None,
         if "ablation" in keys:
             others = [k for k in keys if k != "ablation"]
             base = {tuple(r[k] for k in others): (r, s) for r, s in cells if r["ablation"] == "baseline"}
-            cells.sort(key=lambda c: c[0]["ablation"] != "baseline")  # stable: baseline first
+            cells.sort(key=lambda c: (c[0]["ablation"] != "baseline", str(c[0]["ablation"])))
             for row, samples in cells:
                 b = base.get(tuple(row[k] for k in others))
                 for m in metrics:
@@ -273,6 +273,8 @@ def ablation_table(frame: pd.DataFrame, experiment: str | None = None,
                 row[f"{m}_best"] = i == best
         out_rows.extend(row for row, _ in cells)
     table = pd.DataFrame(out_rows)
+    for key in all_keys:  # object columns: 32 stays 32 where another experiment lacks the key
+        table[key] = pd.Series([r.get(key) for r in out_rows], dtype=object, index=table.index)
     front = ["experiment", *all_keys, "seeds", "n", "runs", "pending", "failed"]
     stats_cols = [f"{m}_{s}" for m in metrics for s in ("mean", "std", "ci95", "min", "max", "best",
                                                         "delta", "delta_rel", "p")]
