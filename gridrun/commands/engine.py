@@ -122,11 +122,11 @@ def _results(root: Path, file: Path, runs: list) -> None:
     except ImportError:
         return
     try:
-        table = analysis.comparison_text(root, experiments)  # the analysis engineer's API
-        typer.echo(table)
-        typer.echo(f"export: gridrun export {file} --root {root}")
-    except Exception:
-        pass
+        with _store(root) as store:
+            statuses = {r.id: r.status for r in store.list_runs(ids=[r.id for r in runs])}
+        typer.echo(analysis.comparison_text(root, experiments, statuses).rstrip())
+    except Exception as e:  # the table is a courtesy; the runs are done either way
+        typer.echo(f"(no comparison table: {e})", err=True)
 
 
 def engine_start(root: RootOption = DEFAULT_ROOT) -> None:
