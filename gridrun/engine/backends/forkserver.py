@@ -31,7 +31,10 @@ def _preload() -> None:
     import psutil  # noqa: F401 - used by every child for its start time
     import torch  # noqa: F401
 
-    for name in ("gridrun.engine.worker", "gridrun.engine.trainer", "gridrun.engine.tasks.spirals"):
+    # torch.use_deterministic_algorithms imports torch._inductor (seconds): do it once here.
+    # None of these initialise CUDA.
+    for name in ("torch._dynamo", "torch._inductor", "gridrun.engine.worker",
+                 "gridrun.engine.trainer", "gridrun.engine.tasks.spirals"):
         with contextlib.suppress(Exception):
             __import__(name)
 
