@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,6 +197,11 @@ class Engine:
                                      note=f"started on {slot.name}"):
             return  # cancelled or taken meanwhile
         try:
+            if run.fresh:
+                # a forced re-run or an OOM retry starts over: an old checkpoint must not
+                # be resumed if this attempt is interrupted before writing its own
+                shutil.rmtree(run_dir / layout.CHECKPOINTS, ignore_errors=True)
+                (run_dir / layout.SUMMARY).unlink(missing_ok=True)
             write_run_config(run_dir / layout.CONFIG, run.spec)
             handle = self.backend.launch(run.id, run_dir, slot, fresh=run.fresh)
         except Exception as e:
