@@ -180,6 +180,7 @@ async def test_filter_sort_group(make_app):
         await settle(pilot)
         table = app.main.table
         await pilot.press("slash", *"failed")
+        await until(pilot, lambda: table.row_count == 3)  # refilters once typing pauses
         assert table.row_count == 3 and all(table.runs[k].status == "failed" for k in table.shown)
         await pilot.press("enter", "escape")
         assert table.row_count == 24

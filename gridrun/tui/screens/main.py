@@ -42,6 +42,7 @@ class MainScreen(Screen):
     def __init__(self) -> None:
         super().__init__()
         self.engine: EngineState | None = None
+        self._filter_timer = None
 
     def compose(self) -> ComposeResult:
         yield StatusHeader(id="header")
@@ -157,15 +158,23 @@ class MainScreen(Screen):
 
     @on(Input.Changed, "#filter")
     def filter_changed(self, event: Input.Changed) -> None:
-        self.table.set_filter(event.value)
+        # Refilter once typing pauses: each refilter rebuilds the table.
+        if self._filter_timer is not None:
+            self._filter_timer.stop()
+        self._filter_timer = self.set_timer(0.15, lambda: self.table.set_filter(event.value))
 
     @on(Input.Submitted, "#filter")
-    def filter_done(self) -> None:
+    def filter_done(self, event: Input.Submitted) -> None:
+        if self._filter_timer is not None:
+            self._filter_timer.stop()
+        self.table.set_filter(event.value)
         self.table.focus()
 
     def action_clear(self) -> None:
         box = self.query_one("#filter", Input)
         if box.value or box.display:
+            if self._filter_timer is not None:
+                self._filter_timer.stop()
             box.value, box.display = "", False
             self.table.set_filter("")
         elif self.table.marked:

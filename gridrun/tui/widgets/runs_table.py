@@ -15,6 +15,13 @@ from gridrun.tui.widgets import fmt
 COLUMNS = ("mark", "status", "id", "experiment", "variant", "seed", "progress", "loss", "best",
            "samples/s", "slot", "elapsed", "eta", "prio")
 LABELS = {"mark": " ", "samples/s": "smp/s"}
+# Fixed widths: an auto-width column re-measures every cell of the column on
+# each update, which costs seconds with 10,000 rows. The names grow to fit.
+WIDTHS = {"mark": 1, "status": 11, "id": 10, "experiment": 10, "variant": 12, "seed": 4,
+          "progress": 18, "loss": 6, "best": 6, "samples/s": 6, "slot": 5, "elapsed": 7, "eta": 7,
+          "prio": 4}
+GROWS = {"experiment": 3, "variant": 4}  # column: index in cells()
+MAX_WIDTH = 32
 # What each column sorts by (a tuple, so missing values sort last).
 SORT_KEYS: dict[str, Callable[[RunRow, float], tuple]] = {
     "status": lambda r, now: (r.status,),
@@ -65,7 +72,7 @@ class RunsTable(DataTable):
 
     def on_mount(self) -> None:
         for key in COLUMNS:
-            self.add_column(LABELS.get(key, key), key=key)
+            self.add_column(LABELS.get(key, key), key=key, width=WIDTHS[key])
 
     @property
     def current(self) -> RunRow | None:
@@ -84,6 +91,7 @@ class RunsTable(DataTable):
 
     def apply(self, rows: Iterable[RunRow]) -> None:
         """Merge changed rows: update changed cells, add new rows."""
+        rows = list(rows)
         now, added = self.clock(), False
         for r in rows:
             self.runs[r.id] = r
@@ -100,13 +108,24 @@ class RunsTable(DataTable):
             else:
                 self._update(r.id, old, new)
             self.shown[r.id] = new
+        self._grow(rows)
         if added and (self.sort_column or self.grouped):
             self.resort()
+
+    def _grow(self, rows: Iterable[RunRow]) -> None:
+        for key, index in GROWS.items():
+            column = self.columns[key]
+            want = min(MAX_WIDTH, max((len(self.shown[r.id][index]) for r in rows
+                                       if r.id in self.shown), default=0))
+            if want > column.width:
+                column.width = want
+                self._require_update_dimensions = True
+                self.refresh()
 
     def _update(self, run_id: str, old: tuple, new: tuple) -> None:
         for key, a, b in zip(COLUMNS, old, new, strict=True):
             if a != b:
-                self.update_cell(run_id, key, b, update_width=True)
+                self.update_cell(run_id, key, b)
 
     def tick(self) -> None:
         """Elapsed and ETA move with the clock: refresh them for running runs only."""
@@ -122,7 +141,7 @@ class RunsTable(DataTable):
         cur = self.current
         if cur is None:
             return
-        self.marked.symmetric_difference_update({cur.id})
+        self.marked ^= {cur.id}
         self.apply([cur])
         if self.cursor_row < self.row_count - 1:
             self.move_cursor(row=self.cursor_row + 1)
