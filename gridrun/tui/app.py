@@ -44,7 +44,7 @@ class GridrunApp(App[None]):
         if self.queue_on_start:
             from gridrun.tui.screens.dialogs import QueueScreen
             self.push_screen(QueueScreen(self.queue_on_start))
-        self.poll()
+        self.call_after_refresh(self.poll)  # paint first, then read the store
         if self.live:
             self.set_interval(1.0, self.main.clock_ticked)
 

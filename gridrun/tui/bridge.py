@@ -14,6 +14,8 @@ from textual.message import Message
 
 from gridrun.tui.source import EngineState, Machine, RunRow, Source
 
+CHUNK = 1000
+
 
 class RunsChanged(Message):
     """Rows that changed (a delta: never replaced by a later one)."""
@@ -70,8 +72,9 @@ class Bridge:
     def tick(self) -> list[Message]:
         update = self.source.poll()
         out: list[Message] = []
-        if update.runs:
-            out.append(RunsChanged(tuple(update.runs)))
+        runs = tuple(update.runs)
+        for i in range(0, len(runs), CHUNK):  # keys are handled between chunks at start
+            out.append(RunsChanged(runs[i:i + CHUNK]))
         if update.engine is not None:
             out.append(EngineStateChanged(update.engine))
         if update.machine is not None:
