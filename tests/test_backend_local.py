@@ -121,7 +121,11 @@ def test_reattach_after_the_engine_restarts(make_backend, tmp_path):
     assert adopted is not None and adopted.pid == handle.pid
     [event] = wait_exit(second)
     assert event.code == 0  # read from the run's exit record: it was nobody's child
-    assert second.reattach(run.id, run_dir, handle.pid, handle.start_time) is None
+    # after another restart, a run that ended unwatched still tells how it ended
+    third = make_backend()
+    assert third.reattach(run.id, run_dir, handle.pid, handle.start_time) is not None
+    assert [e.code for e in wait_exit(third)] == [0]
+    assert third.reattach(run.id, run_dir, None, None) is None  # nothing runs it now
 
 
 def test_a_run_never_executes_twice(make_backend, tmp_path):

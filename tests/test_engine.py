@@ -80,10 +80,8 @@ def test_priority_first_then_first_in_and_pause(tmp_path, backend):
         store.resume()
         engine.step(0.01)
         assert [r.id for r in store.list_runs(status=states.RUNNING)] == [runs[2].id]
-        order = []
-        while not engine.idle():
-            engine.step()
-            order += [r for r in engine.active if r not in order]
+        drain(engine)
+        order = [r.id for r in sorted(store.list_runs(), key=lambda r: r.started_at)]
         assert order == [runs[2].id, runs[0].id, runs[1].id]
 
 

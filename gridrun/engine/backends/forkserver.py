@@ -6,8 +6,8 @@ context is unusable), so each child can still choose its GPU through
 CUDA_VISIBLE_DEVICES.
 
 Protocol, one JSON object a line. The engine writes
-`{"run_dir", "fresh", "cuda"}` to its stdin; the server answers
-`{"pid", "start_time"}` and, when a child ends, `{"exit": pid, "code": c}`
+`{"run_dir", "fresh", "cuda"}` to its stdin; the server hands it to a
+child forked ahead of time and answers `{"pid", "start_time"}` and, when a child ends, `{"exit": pid, "code": c}`
 (a negative code is the signal that killed it). At EOF on stdin (the engine
 went away) it exits; its running children keep going on their own.
 """
@@ -56,13 +56,17 @@ def serve() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     out = os.fdopen(proto_out, "w", buffering=1)
     out.write(json.dumps({"ready": os.getpid()}) + "\n")
+    private = (proto_in, proto_out, wake_r, wake_w)
+    # forking a process that has imported torch takes tens of milliseconds (page
+    # tables), so a spare child is forked ahead of time and handed the next run
+    spare = _fork_spare(private)
     buf = b""
     while True:
         readable, _, _ = select.select([proto_in, wake_r], [], [])
         if wake_r in readable:
             with contextlib.suppress(BlockingIOError, InterruptedError):
                 os.read(wake_r, 512)
-        _reap(out)
+        _reap(out, spare[0])
         if proto_in in readable:
             data = os.read(proto_in, 65536)
             if not data:
@@ -70,20 +74,43 @@ def serve() -> None:
             buf += data
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
-                req = json.loads(line)
-                pid = os.fork()
-                if pid == 0:
-                    code = 1
-                    try:
-                        code = child.run(req["run_dir"], fresh=req["fresh"],
-                                         cuda_visible_devices=req["cuda"],
-                                         close_fds=(proto_in, proto_out, wake_r, wake_w))
-                    finally:
-                        os._exit(code)
-                out.write(json.dumps({"pid": pid, "start_time": child.process_start_time(pid)}) + "\n")
+                pid, start_time, assign = spare
+                try:
+                    os.write(assign, line + b"\n")
+                except OSError:  # the spare died (killed from outside): fork another
+                    os.close(assign)
+                    pid, start_time, assign = _fork_spare(private)
+                    os.write(assign, line + b"\n")
+                os.close(assign)
+                out.write(json.dumps({"pid": pid, "start_time": start_time}) + "\n")
+                spare = _fork_spare(private)
 
 
-def _reap(out) -> None:
+def _fork_spare(private: tuple[int, ...]) -> tuple[int, float | None, int]:
+    """A child that waits for its run: (pid, start time, the fd to send it the request on)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(w)
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = os.read(r, 65536)
+                if not chunk:
+                    os._exit(0)  # the server went away before giving us a run
+                data += chunk
+            os.close(r)
+            req = json.loads(data)
+            code = child.run(req["run_dir"], fresh=req["fresh"], cuda_visible_devices=req["cuda"],
+                             close_fds=private)
+        finally:
+            os._exit(code)
+    os.close(r)
+    return pid, child.process_start_time(pid), w
+
+
+def _reap(out, spare: int) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -91,7 +118,8 @@ def _reap(out) -> None:
             return
         if pid == 0:
             return
-        out.write(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}) + "\n")
+        if pid != spare:
+            out.write(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}) + "\n")
 
 
 class ForkServer:
