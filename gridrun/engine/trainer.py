@@ -169,15 +169,25 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
             best["bad_evals"] += 1
             return bool(cfg["early_stop_patience"]) and best["bad_evals"] >= cfg["early_stop_patience"]
 
-        def read_pending() -> tuple[list[float], int | None]:
-            """The losses since the last log point (one sync) and the first non-finite step."""
-            if not pending:
+        def read_pending(weights: bool = False) -> tuple[list[float], int | None]:
+            """The losses since the last log point and the first non-finite step, in one sync.
+
+            With `weights`, also whether every parameter is finite (the last
+            update can break the weights before any loss shows it): if not,
+            this step is the diverged one.
+            """
+            parts = [torch.stack(pending).float()] if pending else []
+            if weights:
+                finite = torch.stack([p.isfinite().all() for p in model.parameters()]).all()
+                parts.append(torch.where(finite, 0.0, math.nan).reshape(1).to(device))
+            if not parts:
                 return [], None
-            values = torch.stack(pending).float().tolist()
+            values = torch.cat(parts).tolist()
+            weights_ok = math.isfinite(values.pop()) if weights else True
             for i, v in enumerate(values):
                 if not math.isfinite(v):
                     return values, step - (len(values) - 1 - i) // accumulate
-            return values, None
+            return values, None if weights_ok else step
 
         # ---- the loop
         model.train()
@@ -255,8 +265,16 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
                 stopping = should_stop() and step < total and not stop_early
                 checkpoint_now = last_of_epoch or step == total or stop_early or stopping or (
                     cfg["checkpoint_every"] and step % cfg["checkpoint_every"] == 0)
-                if checkpoint_now and read_pending()[1] is None:  # never save a diverged state
-                    save("last.pt")
+                bad_eval = evaluate_now and not all(math.isfinite(v) for v in summary["final"].values())
+                if checkpoint_now or bad_eval:
+                    bad_step = read_pending(weights=True)[1]
+                    if bad_step is not None:  # never save a diverged state
+                        summary["diverged_step"] = bad_step
+                        status = states.DIVERGED
+                        log(f"diverged: non-finite loss or weights at step {bad_step}")
+                        break
+                    if checkpoint_now:
+                        save("last.pt")
                 if stopping:
                     status = states.INTERRUPTED
                     log(f"interrupted at step {step}: checkpoint saved")

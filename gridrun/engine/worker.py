@@ -8,6 +8,7 @@ SIGTERM or SIGINT asks the loop to checkpoint at the next step boundary.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -16,6 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.engine import layout, states
+
+
+def json_safe(value: Any) -> Any:
+    """NaN and infinities (a diverged run's last evaluation) become null, at any depth."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
@@ -44,7 +56,7 @@ def main(run_dir: str | Path, *, fresh: bool = False) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    summary = {k: (None if isinstance(v, float) and v != v else v) for k, v in summary.items()}
+    summary = json_safe(summary)
     write_summary(run_dir, summary)
     return states.EXIT_CODES[summary["status"]]
 
