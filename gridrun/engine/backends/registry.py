@@ -1,0 +1,44 @@
+"""Choose the backend named by `[engine] backend`: "local" (this machine) or "ray"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gridrun.engine.backends.base import Backend, Slot
+
+NAMES = ("local", "ray")
+
+
+class BackendError(RuntimeError):
+    """The configured backend cannot be used (unknown name, Ray not installed)."""
+
+
+def make_backend(config: Any, root: str | Path, log_path: Path | None = None) -> Backend:
+    name = getattr(config, "backend", "local")
+    if name == "local":
+        from gridrun.engine.backends.local import LocalBackend
+
+        return LocalBackend(log_path=log_path)
+    if name == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise BackendError("[engine] backend = \"ray\" needs Ray, which is not installed: "
+                               "pip install 'gridrun[ray]'") from None
+        from gridrun.engine.backends.ray import RayBackend
+
+        return RayBackend(root, address=config.ray_address, runs_per_gpu=config.runs_per_gpu,
+                          log_path=log_path)
+    raise BackendError(f"[engine] backend = {name!r} is unknown; choose one of "
+                       + ", ".join(repr(n) for n in NAMES))
+
+
+def slots_for_backend(backend: Backend, config: Any) -> list[Slot]:
+    """The backend's own slots when it has them (Ray: the cluster's capacity, kept
+    current as nodes come and go; call after `backend.start()`), else the config's."""
+    if hasattr(backend, "slots"):
+        return backend.slots()
+    from gridrun.engine.scheduler import slots_for
+
+    return slots_for(config)

@@ -1,0 +1,166 @@
+"""The Ray backend on a real local Ray cluster with fake GPUs: real Ray tasks, real
+worker processes, the real scheduler. Skipped when Ray is not installed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from test_engine_kit import TINY, drain, make_run, metrics_without_timing, wait_for
+
+from gridrun.engine import layout, states
+from gridrun.engine.backends.base import Slot
+from gridrun.engine.backends.registry import BackendError, make_backend, slots_for_backend
+from gridrun.engine.scheduler import Engine
+from gridrun.engine.spec import EngineConfig, write_run_config
+from gridrun.engine.store import Store
+
+
+def probe_run(seed: int = 0, sleep: float = 0.0, epochs: int = 2, **trainer):
+    return make_run("ray_tasks:probe", seed, epochs=epochs, checkpoint_every=2,
+                    task_args={**TINY, "step_sleep": sleep}, **trainer)
+
+
+def prepare(root, run):
+    run_dir = layout.make_private_dir(layout.run_dir(root, run.experiment, run.id))
+    write_run_config(run_dir / layout.CONFIG, run)
+    return run_dir
+
+
+def wait_exit(backend, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events = backend.poll(0.2)
+        if events:
+            return events
+    raise AssertionError("no run ended in time")
+
+
+def test_choosing_ray_without_ray_names_the_extra(tmp_path):
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "from gridrun.engine.backends.registry import make_backend\n"
+            "from gridrun.engine.spec import EngineConfig\n"
+            "make_backend(EngineConfig(backend='ray'), '.')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode != 0 and "pip install 'gridrun[ray]'" in proc.stderr
+    with pytest.raises(BackendError, match="unknown"):
+        make_backend(EngineConfig(backend="slurm"), tmp_path)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One head node: 2 CPUs and 2 fake GPUs, no dashboard, a small object store."""
+    pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, connect=True, head_node_args={
+        "num_cpus": 2, "num_gpus": 2, "object_store_memory": 80 * 1024**2,
+        "include_dashboard": False})
+    yield c
+    import ray
+
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture
+def backend(cluster, tmp_path):
+    made = make_backend(EngineConfig(backend="ray"), tmp_path, tmp_path / "engine.log")
+    made.start()
+    yield made
+    import ray
+
+    for task in made.tasks.values():
+        ray.cancel(task.gen, force=True)
+    made.close()
+
+
+def test_the_root_must_be_shared(backend, tmp_path):
+    assert [s.name for s in backend.slots()] == ["ray0", "ray1"]
+    backend.check_root_shared()  # one machine: trivially shared; a probe file went and came back
+    assert not list(tmp_path.glob(".gridrun-probe*"))
+
+
+def test_slots_runs_and_metrics_match_local(backend, tmp_path):
+    runs = [probe_run(seed=s, sleep=0.1, epochs=2) for s in range(3)]
+    with Store(tmp_path) as store:
+        store.enqueue(runs)
+        engine = Engine(tmp_path, backend, slots_for_backend(backend, None), tick=0.1)
+        engine.start()
+        engine.step(0.05)
+        counts = store.counts()
+        assert counts == {states.RUNNING: 2, states.QUEUED: 1}  # the third waits in gridrun
+        assert len(backend.tasks) == 2  # ... and was never given to Ray
+        first = next(iter(engine.active))
+        metrics = layout.run_dir(tmp_path, "e", first) / layout.METRICS
+        wait_for(lambda: (engine.step(0.05), metrics.exists() and metrics.stat().st_size)[1])
+        assert store.list_runs(ids=[first])[0].status == states.RUNNING  # lines land mid-run
+        wait_for(lambda: (engine.step(0.05), backend.tasks.get(first) is None
+                          or backend.tasks[first].step)[1])
+        drain(engine)
+        assert {r.status for r in store.list_runs()} == {states.COMPLETED}
+    seen = [(layout.run_dir(tmp_path, "e", r.id) / layout.OUTPUT).read_text() for r in runs]
+    devices = [line.split("=")[1] for out in seen for line in out.splitlines()
+               if line.startswith("CUDA_VISIBLE_DEVICES=")]
+    assert sorted(devices[:2]) == ["'0'", "'1'"] or len(set(devices[:2])) == 2
+
+    from gridrun.engine.backends.local import LocalBackend
+
+    local_root = tmp_path / "local"
+    local = LocalBackend(forkserver=False)
+    with Store(local_root) as store:
+        store.enqueue(runs)
+        engine = Engine(local_root, local, [Slot("cpu0"), Slot("cpu1")], tick=0.1)
+        engine.start()
+        drain(engine)
+    local.close()
+    for run in runs:
+        assert metrics_without_timing(tmp_path, run) == metrics_without_timing(local_root, run)
+
+
+def test_cancel_checkpoints(backend, tmp_path):
+    run = probe_run(sleep=0.05, epochs=20)
+    run_dir = prepare(tmp_path, run)
+    handle = backend.launch(run.id, run_dir, Slot("ray0"))
+    wait_for(lambda: (backend.poll(0.05), (run_dir / layout.CHECKPOINTS / "last.pt").exists())[1])
+    backend.cancel(handle, grace=30)
+    [event] = wait_exit(backend)
+    assert event.code == states.EXIT_CODES[states.INTERRUPTED]
+    assert (run_dir / layout.CHECKPOINTS / "last.pt").exists()
+    assert backend.reattach(run.id, run_dir, 0, 0.0) is None  # nothing of it runs now
+
+
+def test_a_lost_node_interrupts_and_the_run_resumes_elsewhere(backend, cluster, tmp_path):
+    import ray
+
+    # the head's two GPUs are taken, so the run can only go to the new node
+    blockers = [ray.remote(lambda: time.sleep(300)).options(num_gpus=1, num_cpus=0).remote()
+                for _ in range(2)]
+    node = cluster.add_node(num_cpus=1, num_gpus=1, object_store_memory=80 * 1024**2)
+    try:
+        run = probe_run(seed=7, sleep=0.1, epochs=10)
+        run_dir = prepare(tmp_path, run)
+        handle = backend.launch(run.id, run_dir, Slot("ray0"))
+        checkpoint = run_dir / layout.CHECKPOINTS / "last.pt"
+        wait_for(lambda: (backend.poll(0.05), checkpoint.exists())[1])
+        assert handle.extra.node == node.node_id
+        cluster.remove_node(node, allow_graceful=False)
+        node = None
+        [event] = wait_exit(backend)
+        assert event.code == states.EXIT_CODES[states.INTERRUPTED]
+    finally:
+        if node is not None:
+            cluster.remove_node(node)
+        for b in blockers:
+            ray.cancel(b, force=True)
+    backend.launch(run.id, run_dir, Slot("ray0"))  # what the scheduler does next
+    reference = tmp_path / "reference"
+    other = make_backend(EngineConfig(backend="ray"), reference)
+    other.start()
+    other.launch(run.id, prepare(reference, run), Slot("ray1"))
+    assert [e.code for e in wait_exit(backend)] == [0]
+    assert [e.code for e in wait_exit(other)] == [0]
+    other.close()
+    assert metrics_without_timing(tmp_path, run) == metrics_without_timing(reference, run)
