@@ -173,6 +173,8 @@ class _Task:
     kill_at: float | None = None
     force_at: float | None = None
     events: int = 0
+    launched_at: float = 0.0
+    started_after: float | None = None  # seconds from launch to the process started
 
 
 class RayBackend(Backend):
@@ -277,7 +279,7 @@ class RayBackend(Backend):
     def launch(self, run_id: str, run_dir: Path, slot: Slot, *, fresh: bool = False) -> Handle:
         opts = {"num_gpus": 1 / self.runs_per_gpu} if self._gpu else {}
         gen = self._submit("run", str(Path(run_dir).resolve()), fresh, **opts)
-        task = _Task(gen)
+        task = _Task(gen, launched_at=time.monotonic())
         task.handle = Handle(run_id, Path(run_dir), 0, 0.0, slot, extra=task)
         self.tasks[run_id] = task
         return task.handle
@@ -347,6 +349,8 @@ class RayBackend(Backend):
             if kind == "started":
                 task.node, task.pid = event["node"], event["pid"]
                 task.start_time, task.cuda = event["start_time"], event["cuda"]
+                if task.started_after is None:
+                    task.started_after = time.monotonic() - task.launched_at
                 if task.pending_grace is not None:
                     self.cancel(task.handle, task.pending_grace)
                     task.pending_grace = None
