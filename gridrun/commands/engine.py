@@ -66,10 +66,24 @@ def _queue(file: Path, root: Path, force: bool) -> tuple[list, list[str], list[s
         fail(f"{e}\nnothing was queued")
     with _store(root) as store:
         queued, skipped = store.enqueue(runs, provenance(file.resolve().parent), force=force)
+        _remember_engine_table(store, file)
     typer.echo(f"queued {len(queued)} run{'s' * (len(queued) != 1)} from {file}"
                + (f"; skipped {len(skipped)} already queued, running or completed"
                   " (--force runs them again)" if skipped else ""))
     return runs, queued, skipped
+
+
+def _remember_engine_table(store, file: Path) -> None:
+    """A file's `[engine]` table applies at the engine's next start (a running
+    engine keeps the slots it started with), however the file was queued."""
+    import dataclasses
+    import tomllib
+
+    from gridrun.engine.spec import load_engine_config
+
+    with file.open("rb") as f:
+        if "engine" in tomllib.load(f):
+            store.set_state("engine_config", dataclasses.asdict(load_engine_config(file)))
 
 
 def queue(file: FileArg, force: Annotated[bool, typer.Option(
@@ -90,12 +104,15 @@ def run(file: FileArg,
         root: RootOption = DEFAULT_ROOT) -> None:
     """Queue an experiment file, make sure the engine runs, and follow the runs."""
     from gridrun.engine import daemon
+    from gridrun.engine.backends.registry import BackendError, check_backend
     from gridrun.engine.spec import SpecError, load_engine_config
 
     try:
         config = load_engine_config(file)
-    except SpecError as e:
-        fail(f"{e}\nnothing was queued")
+        check_backend(config)
+    except (SpecError, BackendError) as e:
+        fail(f"{file}: {e}\nnothing was queued" if isinstance(e, BackendError)
+             else f"{e}\nnothing was queued")
     runs, _, _ = _queue(file, root, force)
     try:
         st = daemon.start(root, config)

@@ -85,10 +85,19 @@ def start(root: str | os.PathLike, config: Any = None, *, timeout: float = 30.0)
             current = status(root)  # another engine won the lock meanwhile?
             if current.running:
                 return current
-            raise RuntimeError(f"the engine exited at start (code {proc.returncode}); "
-                               f"see {root / LOG}")
+            raise RuntimeError(f"the engine exited at start (code {proc.returncode}): "
+                               f"{_last_error(root / LOG)}see {root / LOG}")
         time.sleep(0.05)
     raise RuntimeError(f"the engine did not start within {timeout:.0f} s; see {root / LOG}")
+
+
+def _last_error(log: Path) -> str:
+    """The last ERROR line of the engine log, to say why a start failed."""
+    with contextlib.suppress(OSError):
+        lines = [ln for ln in log.read_text(errors="replace").splitlines()[-50:] if " ERROR " in ln]
+        if lines:
+            return lines[-1].split(" ERROR ", 1)[1] + "; "
+    return ""
 
 
 def stop(root: str | os.PathLike, *, timeout: float = 300.0, force: bool = False) -> bool:
@@ -130,8 +139,8 @@ def make_telemetry() -> Any:
 
 def serve(root: Path, **engine_options: Any) -> int:
     """The engine process itself (run by `start`, or in the foreground)."""
-    from gridrun.engine.backends.local import LocalBackend
-    from gridrun.engine.scheduler import Engine, slots_for
+    from gridrun.engine.backends.registry import BackendError, make_backend, slots_for_backend
+    from gridrun.engine.scheduler import Engine
     from gridrun.engine.store import Store
 
     root = Path(root).resolve()
@@ -146,10 +155,12 @@ def serve(root: Path, **engine_options: Any) -> int:
                         format="%(asctime)s %(levelname)s %(message)s")
     log = logging.getLogger("gridrun.engine")
     config = engine_config(root)
-    if config.backend != "local":
-        log.error("backend %r is not available in this build; using local", config.backend)
-    slots = slots_for(config)
-    engine = Engine(root, LocalBackend(log_path=root / LOG), slots, store=Store(root),
+    try:
+        backend = make_backend(config, root, root / LOG)
+    except BackendError as e:
+        log.error("%s", e)
+        return 2
+    engine = Engine(root, backend, slots_for_backend(backend, config), store=Store(root),
                     telemetry=make_telemetry(), **engine_options)
     signal.signal(signal.SIGTERM, lambda *_: engine.request_stop())
     signal.signal(signal.SIGINT, lambda *_: engine.request_stop())
@@ -159,9 +170,11 @@ def serve(root: Path, **engine_options: Any) -> int:
     pid = os.getpid()
     tmp = root / (PID + ".tmp")
     tmp.write_text(json.dumps({"pid": pid, "start_time": process_start_time(pid),
-                               "started_at": time.time(), "slots": [s.name for s in slots]}))
+                               "started_at": time.time(), "backend": config.backend,
+                               "slots": [s.name for s in engine.slots]}))
     tmp.replace(root / PID)
-    log.info("engine %d started on %s with slots %s", pid, root, ", ".join(s.name for s in slots))
+    log.info("engine %d started on %s, backend %s, slots %s", pid, root, config.backend,
+             ", ".join(s.name for s in engine.slots) or "from the cluster")
     try:
         engine.run()
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -14,24 +15,31 @@ class BackendError(RuntimeError):
     """The configured backend cannot be used (unknown name, Ray not installed)."""
 
 
+def check_backend(config: Any) -> None:
+    """Raise BackendError now, before anything is queued or started, if the
+    configured backend cannot be used here."""
+    name = getattr(config, "backend", "local")
+    if name not in NAMES:
+        raise BackendError(f"[engine] backend = {name!r} is unknown; choose one of "
+                           + ", ".join(repr(n) for n in NAMES))
+    if name == "ray" and importlib.util.find_spec("ray") is None:
+        raise BackendError("[engine] backend = \"ray\" needs Ray, which is not installed: "
+                           "pip install 'gridrun[ray]'")
+
+
 def make_backend(config: Any, root: str | Path, log_path: Path | None = None) -> Backend:
+    check_backend(config)
     name = getattr(config, "backend", "local")
     if name == "local":
         from gridrun.engine.backends.local import LocalBackend
 
         return LocalBackend(log_path=log_path)
     if name == "ray":
-        try:
-            import ray  # noqa: F401
-        except ImportError:
-            raise BackendError("[engine] backend = \"ray\" needs Ray, which is not installed: "
-                               "pip install 'gridrun[ray]'") from None
         from gridrun.engine.backends.ray import RayBackend
 
         return RayBackend(root, address=config.ray_address, runs_per_gpu=config.runs_per_gpu,
                           log_path=log_path)
-    raise BackendError(f"[engine] backend = {name!r} is unknown; choose one of "
-                       + ", ".join(repr(n) for n in NAMES))
+    raise AssertionError(name)
 
 
 def slots_for_backend(backend: Backend, config: Any) -> list[Slot]:
