@@ -1,0 +1,124 @@
+"""The interface in a real terminal: tmux runs `gridrun`, the test types keys
+and reads the screen back. Queue a file by keyboard, start the engine, wait
+for the runs, compare, export the CSV, quit."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gridrun.engine import daemon
+from gridrun.engine.store import Store
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+
+EXPERIMENTS = """
+[defaults]
+task = "spirals"
+epochs = 3
+lr = 1e-2
+batch_size = 64
+train_size = 512
+val_size = 128
+hidden = 16
+seeds = 2
+
+[experiments.tricks]
+ablations.sgd = { optimizer = "sgd", lr = 0.05 }
+
+[engine]
+cpu_slots = 2
+"""
+
+
+class Terminal:
+    def __init__(self, socket: Path, cwd: Path, command: str, size: tuple[int, int] = (120, 36)):
+        self.socket = socket
+        self.tmux("new-session", "-d", "-s", "gridrun", "-x", str(size[0]), "-y", str(size[1]),
+                  "-c", str(cwd), command)
+
+    def tmux(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["tmux", "-S", str(self.socket), *args], capture_output=True,
+                              text=True, timeout=30)
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", "gridrun").stdout
+
+    def keys(self, *keys: str) -> None:
+        self.tmux("send-keys", "-t", "gridrun", *keys)
+
+    def wait_for(self, text: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if text in screen:
+                return screen
+            time.sleep(0.2)
+        raise AssertionError(f"{text!r} never appeared; the screen:\n{self.screen()}")
+
+    def alive(self) -> bool:
+        return self.tmux("has-session", "-t", "gridrun").returncode == 0
+
+    def close(self) -> None:
+        self.tmux("kill-server")
+
+
+def test_queue_watch_compare_export_quit_in_tmux(tmp_path):
+    work, root = tmp_path / "work", tmp_path / "runs"
+    work.mkdir()
+    (work / "experiments.toml").write_text(EXPERIMENTS)
+    # -u: pytest plugins may export COLUMNS/LINES, which would pin the app to 80x24
+    command = f"exec env -u COLUMNS -u LINES GRIDRUN_ROOT={root} {sys.executable} -m gridrun"
+    term = Terminal(tmp_path / "tmux.sock", work, command)
+    try:
+        term.wait_for("a queue file")  # the footer: the app is up and reads keys
+        time.sleep(0.5)
+        term.keys("a")
+        term.wait_for("./experiments.toml")
+        term.keys("Enter")
+        term.wait_for("4 runs")
+        term.keys("Enter")
+        term.wait_for("queued 4 runs")
+        term.keys("E")
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            with Store(root) as store:
+                if {r.status for r in store.list_runs()} == {"completed"}:
+                    break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"runs did not finish; the screen:\n{term.screen()}")
+        main = term.wait_for("✓4 of 4", timeout=10)
+        assert "tricks" in main and "sgd" in main and "baseline" in main
+
+        term.keys("t")
+        term.wait_for("compare: tricks")
+        compare = term.wait_for("±")
+        assert "baseline" in compare and "sgd" in compare and "2/2" not in compare
+        term.keys("e")
+        term.wait_for("Export the table as CSV to")
+        term.keys("Enter")
+        term.wait_for("wrote")
+        term.keys("q")
+        deadline = time.monotonic() + 10
+        while term.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not term.alive(), "q did not quit"
+        assert daemon.status(root).running, "quitting the interface must leave the engine running"
+    finally:
+        term.close()
+        daemon.stop(root, force=True)
+
+    table = pd.read_csv(root / "tricks.csv")
+    assert list(table["ablation"]) == ["baseline", "sgd"]
+    assert list(table["n"]) == [2, 2]
+    assert {"loss_mean", "loss_std", "accuracy_mean", "loss_delta", "loss_p"} <= set(table.columns)
+    with Store(root) as store:
+        assert len(store.list_runs()) == 4
+
