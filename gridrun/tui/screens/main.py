@@ -14,6 +14,10 @@ from gridrun.tui.source import ACTIVE, RETRYABLE, EngineState, Machine, RunRow
 from gridrun.tui.widgets.panels import MachinePanel, StatusHeader
 from gridrun.tui.widgets.runs_table import RunsTable
 
+# The actions whose availability depends on the rows or the engine (see check_action).
+KEYED = ("detail", "mark", "overlay", "cancel", "retry", "priority", "clone", "compare",
+         "start_engine")
+
 
 class MainScreen(Screen):
     CSS_PATH = "main.tcss"
@@ -43,6 +47,7 @@ class MainScreen(Screen):
         super().__init__()
         self.engine: EngineState | None = None
         self._filter_timer = None
+        self._keys_shown: tuple | None = None  # what the footer last showed, see _refresh_keys
 
     def compose(self) -> ComposeResult:
         yield StatusHeader(id="header")
@@ -64,12 +69,12 @@ class MainScreen(Screen):
     def runs_changed(self, runs: tuple[RunRow, ...]) -> None:
         with self.app.batch_update():
             self.table.apply(runs)
-        self.refresh_bindings()
+        self._refresh_keys()
 
     def engine_changed(self, engine: EngineState) -> None:
         self.engine = engine
         self.query_one(StatusHeader).show(str(self.app.source.root), engine)
-        self.refresh_bindings()
+        self._refresh_keys()
 
     def machine_sampled(self, machine: Machine) -> None:
         self.query_one(MachinePanel).show(machine)
@@ -78,6 +83,24 @@ class MainScreen(Screen):
         self.table.tick()
 
     # ---- keys -------------------------------------------------------------------
+
+    def _keys(self) -> tuple:
+        return tuple(self.check_action(action, ()) for action in KEYED)
+
+    def _refresh_keys(self) -> None:
+        """Refresh the footer only when a key's availability changed: each refresh
+        rebuilds the footer's widgets, and rows change on most bridge ticks."""
+        if self._keys() != self._keys_shown:
+            self.refresh_bindings()
+
+    def refresh_bindings(self) -> None:
+        super().refresh_bindings()
+        if self.is_mounted:  # note what the footer shows, now and once it has rebuilt
+            self._note_keys()
+            self.call_after_refresh(self._note_keys)
+
+    def _note_keys(self) -> None:
+        self._keys_shown = self._keys()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if isinstance(self.focused, Input) and action not in ("clear", "detail"):
