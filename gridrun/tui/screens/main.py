@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import ClassVar
 
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Input
 
@@ -100,7 +102,8 @@ class MainScreen(Screen):
             self.call_after_refresh(self._note_keys)
 
     def _note_keys(self) -> None:
-        self._keys_shown = self._keys()
+        with contextlib.suppress(NoMatches):  # after a refresh, the screen may be closing
+            self._keys_shown = self._keys()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if isinstance(self.focused, Input) and action not in ("clear", "detail"):
