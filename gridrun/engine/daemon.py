@@ -165,6 +165,14 @@ def serve(root: Path, **engine_options: Any) -> int:
     signal.signal(signal.SIGTERM, lambda *_: engine.request_stop())
     signal.signal(signal.SIGINT, lambda *_: engine.request_stop())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        # before engine.pid exists: "running" means the backend is up (Ray connected)
+        engine.start()
+    except Exception as e:
+        log.exception("the %s backend could not start", config.backend)
+        log.error("the %s backend could not start: %s: %s", config.backend, type(e).__name__,
+                  str(e).strip().splitlines()[0] if str(e).strip() else "")
+        return 2
     from gridrun.engine.backends.child import process_start_time
 
     pid = os.getpid()

@@ -90,7 +90,7 @@ class Engine:
         self.cancel_grace, self.stop_grace = cancel_grace, stop_grace
         self.telemetry_every, self.processes_every = telemetry_every, processes_every
         self.active: dict[str, Active] = {}
-        self.stopping = False
+        self.stopping = self.started = False
         self._next_sample = 0.0
         self._next_processes = 0.0
         self._processes: list = []
@@ -100,10 +100,12 @@ class Engine:
     def start(self) -> None:
         self.backend.start()
         self.recover()
+        self.started = True
 
     def run(self) -> None:
         """Until `request_stop()`; then running runs checkpoint and return to the queue."""
-        self.start()
+        if not self.started:
+            self.start()
         while not (self.stopping and not self.active):
             self.step()
         self.backend.close()

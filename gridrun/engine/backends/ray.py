@@ -201,7 +201,13 @@ class RayBackend(Backend):
         if self._remote:
             return
         if not ray.is_initialized():
-            ray.init(address=self.address, log_to_driver=False, include_dashboard=False)
+            try:
+                ray.init(address=self.address, log_to_driver=False, include_dashboard=False)
+            except ConnectionError as e:
+                raise ConnectionError(
+                    f"no Ray cluster at [engine] ray_address = {self.address!r} "
+                    f"({str(e).splitlines()[0]}); start one with `ray start --head`, or set "
+                    "ray_address to the head node (\"ray://host:10001\" or \"host:6379\")") from e
             self._owns_ray = True
         # (function, default options); options() returns something without options()
         self._remote = {
