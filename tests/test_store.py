@@ -93,6 +93,15 @@ def test_changes_since_returns_only_what_changed(store):
     assert [r.id for r in rows] == [b.id] and seq2 > seq
 
 
+def test_a_first_read_comes_in_queue_order_not_id_or_change_order(store):
+    runs = [make_run(seed=s) for s in range(6)]  # ids are hashes: not in this order
+    store.enqueue(runs)
+    store.transition(runs[0].id, states.QUEUED, states.RUNNING)  # changed last
+    store.set_priority([runs[4].id], 2)
+    rows, _ = store.changes_since(0)
+    assert [r.id for r in rows] == [runs[i].id for i in (4, 0, 1, 2, 3, 5)]
+
+
 def test_queue_order_is_priority_then_first_in(store):
     runs = [make_run(seed=s) for s in range(4)]
     store.enqueue(runs)

@@ -250,9 +250,12 @@ class Store:
         return prefix if prefix in found else found[0]
 
     def changes_since(self, seq: int = 0) -> tuple[list[Run], int]:
-        """Runs written after `seq`, and the seq to pass next time."""
+        """Runs written after `seq`, and the seq to pass next time. The first read
+        (seq 0) comes in queue order: priority, then first in, then file order."""
+        order = "seq" if seq else "priority DESC, queued_at, rowid"
         with self._lock:
-            rows = self._db.execute("SELECT * FROM runs WHERE seq > ? ORDER BY seq", (seq,)).fetchall()
+            rows = self._db.execute(f"SELECT * FROM runs WHERE seq > ? ORDER BY {order}",
+                                    (seq,)).fetchall()
         runs = [_run(r) for r in rows]
         return runs, max([seq, *(r.seq for r in runs)])
 

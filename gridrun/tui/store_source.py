@@ -92,10 +92,7 @@ class StoreSource:
     # ---- polling ------------------------------------------------------------------
 
     def poll(self) -> Update:
-        first = self.seq == 0
-        changed, self.seq = self.store.changes_since(self.seq)
-        if first:  # the table starts in queue order: priority, then first in
-            changed.sort(key=lambda r: (-r.priority, r.queued_at, r.id))
+        changed, self.seq = self.store.changes_since(self.seq)  # the first read: queue order
         out: dict[str, RunRow] = {}
         for run in changed:
             row = self.rows[run.id] = _row(run)
