@@ -108,8 +108,12 @@ class DetailScreen(Screen):
         self.redraw()
 
     def redraw(self) -> None:
+        # validation metrics other than the loss (accuracy, ...) live on their own scale
+        val = self.data.val_names
+        others = tuple(n for n in val if n != "val loss")
+        title = "loss" + (f" (left), {', '.join(others)} (right)" if others else "")
         self.query_one("#loss", Curves).draw(
-            "loss", self.data.pick("train loss", *self.data.val_names), log=self.log_scale)
+            title, self.data.pick("train loss", *val), log=self.log_scale, right=others)
         self.query_one("#rate", Curves).draw(
             "samples/s (left), lr (right)", self.data.pick("samples_per_s", "lr"),
             log=self.log_scale, right=("lr",))
