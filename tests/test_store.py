@@ -170,3 +170,26 @@ def test_two_clients_at_once_keep_the_store_consistent(tmp_path):
         seqs = [r.seq for r in rows]
         assert len(set(seqs)) == len(seqs)
         assert s.get_state("seq") >= max(seqs)
+
+
+def _open_and_close(root, barrier) -> None:
+    barrier.wait()
+    for _ in range(20):
+        Store(root).close()
+
+
+def test_many_processes_open_and_close_a_new_store_at_once(tmp_path):
+    # two `gridrun queue` at once on a new root once died with "database is locked":
+    # switching to WAL, or opening while the last connection closes, skips the busy timeout
+    ctx = multiprocessing.get_context("fork")
+    for attempt in range(10):
+        root = tmp_path / f"runs{attempt}"
+        barrier = ctx.Barrier(4)
+        procs = [ctx.Process(target=_open_and_close, args=(root, barrier)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        assert [p.exitcode for p in procs] == [0] * 4
+        with Store(root) as s:
+            assert s.list_runs() == []

@@ -162,9 +162,22 @@ class Store:
                                    check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-        self._db.execute("PRAGMA journal_mode = WAL")
+        self._wal(timeout)
         self._db.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: durable across crashes of us
         self._migrate()
+
+    def _wal(self, timeout: float) -> None:
+        # Switching to WAL (or opening while the last connection closes the WAL)
+        # returns "locked" at once, without the busy timeout: wait here instead.
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
 
     def close(self) -> None:
         with self._lock:
