@@ -115,12 +115,15 @@ def _task_params(c: Checker, exp: str, task: str) -> dict[str, Any] | None:
     return params
 
 
-def _key_label(path: tuple[str, ...]) -> str:
-    return ".".join(path) if path[0] == "defaults" else ".".join(path[2:])
+def _key_where(exp: str, path: tuple[str, ...]) -> dict[str, Any]:
+    """Where a key's problem is reported: `[defaults] lr`, or `[experiments.a] grid.lr`."""
+    if path[0] == "defaults":
+        return {"experiment": None, "key": "[defaults] " + ".".join(path[1:])}
+    return {"experiment": exp, "key": ".".join(path[2:])}
 
 
 def _check_key(c: Checker, exp: str, key: str, value: Any, params: dict[str, Any] | None,
-               path: tuple[str, ...]) -> tuple[bool, Any]:
+               path: tuple[str, ...], task: str = "") -> tuple[bool, Any]:
     """(ok, cleaned value) for one trainer or task key."""
     if key in TRAINER_KEYS:
         cleaned, expected = check_trainer_value(TRAINER_KEYS[key], value)
@@ -130,11 +133,13 @@ def _check_key(c: Checker, exp: str, key: str, value: Any, params: dict[str, Any
         cleaned, expected = check_task_value(key, params[key], value)
     else:
         known = [*TRAINER_KEYS, *params, *RESERVED]
-        c.add(f"unknown key {key!r}: not a trainer key and not a parameter of the task",
-              *path, experiment=exp, key=_key_label(path), suggestion=nearest(key, known))
+        # a [defaults] key is checked by every experiment: name the task, not the experiment
+        of = f"task {task!r}" if path[0] == "defaults" and task else "the task"
+        c.add(f"unknown key {key!r}: not a trainer key and not a parameter of {of}",
+              *path, **_key_where(exp, path), suggestion=nearest(key, known))
         return False, None
     if expected is not None:
-        c.add(expected, *path, experiment=exp, key=_key_label(path))
+        c.add(expected, *path, **_key_where(exp, path))
         return False, None
     return True, cleaned
 
@@ -203,7 +208,7 @@ def _experiment(c: Checker, name: str, table: Any, defaults: dict[str, Any]) -> 
             if key in RESERVED:
                 continue
             kpath = ("defaults", key) if source == "defaults" else (*path, key)
-            ok, cleaned = _check_key(c, name, key, value, params, kpath)
+            ok, cleaned = _check_key(c, name, key, value, params, kpath, task=str(task))
             if ok:
                 keys[key] = cleaned
     grid = _check_axes(c, name, "grid", table["grid"], params) if "grid" in table else {}
