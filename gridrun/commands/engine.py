@@ -203,7 +203,7 @@ def ls(root: RootOption = DEFAULT_ROOT,
     typer.echo(f"{'ID':<10}  {'STATUS':<10}  {'EXPERIMENT':<16}  {'VARIANT':<24}  SEED  NOTE")
     for r in runs:
         typer.echo(f"{r.id:<10}  {r.status:<10}  {r.experiment[:16]:<16}  "
-                   f"{(r.variant or 'baseline')[:24]:<24}  {r.seed:>4}  {r.note or ''}")
+                   f"{(r.variant or '-')[:24]:<24}  {r.seed:>4}  {r.note or ''}")
 
 
 def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough).")],
