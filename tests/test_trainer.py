@@ -45,7 +45,10 @@ def test_same_cell_twice_is_identical_and_another_seed_differs(tmp_path):
     assert metrics(a) == metrics(b)
     assert all(torch.equal(weights(a)[k], weights(b)[k]) for k in weights(a))
     assert metrics(a) != metrics(c)
-    assert {r["split"] for r in metrics(a)} == {"train", "val"}
+    assert {r["split"] for r in metrics(a)} == {"start", "train", "val"}
+    start = metrics(a)[0]  # the length is known before the first step
+    last_train = [r for r in metrics(a) if r["split"] == "train"][-1]
+    assert start["split"] == "start" and start["total_steps"] == last_train["step"]
 
 
 @pytest.mark.parametrize("task", ["shapes", "sort"])

@@ -131,6 +131,9 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         state = None if fresh else checkpoint.load(ckpt_dir / "last.pt", device)
         if state is None:
             writer.truncate(0)
+            # readers (the interface's progress bar) learn the length before the first log point
+            writer.write({"t": time.time(), "step": 0, "epoch": 0, "split": "start",
+                          "total_steps": total})
         else:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])

@@ -55,13 +55,17 @@ class Live:
         self.metric = ""
 
     def read(self) -> bool:
+        """True when something new was read."""
         records, self.offset = runlog.read_from(self.folder / layout.METRICS, self.offset)
+        had_total = self.total is not None
         if self.total is None:
             with contextlib.suppress(OSError, ValueError):
                 self.total = json.loads((self.folder / layout.SUMMARY).read_text()).get("total_steps")
         for rec in records:
             self.fields.update(step=rec.get("step", 0), epoch=rec.get("epoch", 0))
-            if rec.get("split") == "train":
+            if rec.get("split") == "start":
+                self.total = rec.get("total_steps") or self.total
+            elif rec.get("split") == "train":
                 self.fields.update(train_loss=rec.get("loss"), samples_per_s=rec.get("samples_per_s"))
             elif rec.get("split") == "val":
                 names = [k for k in rec if k not in ("t", "step", "epoch", "split")]
@@ -70,7 +74,7 @@ class Live:
                 if isinstance(v, int | float) and math.isfinite(v) and (
                         self.best is None or (v < self.best) == lower_is_better(self.metric, None)):
                     self.best = v
-        return bool(records) or self.total is not None
+        return bool(records) or (self.total is not None and not had_total)
 
     def merge(self, row: RunRow) -> RunRow:
         return replace(row, **self.fields, total_steps=self.total or row.total_steps,

@@ -43,14 +43,17 @@ def test_running_run_follows_its_metrics_log(tmp_path):
     src = StoreSource(tmp_path)
     assert src.poll().runs[0].step == 0
     with MetricsWriter(folder / layout.METRICS) as w:
+        w.write({"t": 1, "step": 0, "epoch": 0, "split": "start", "total_steps": 40})
+    assert src.poll().runs[0].total_steps == 40  # a bar from the start, not at the end
+    with MetricsWriter(folder / layout.METRICS) as w:
         w.write({"t": 2, "step": 10, "epoch": 0, "split": "train", "loss": 0.5, "samples_per_s": 900})
         w.write({"t": 3, "step": 20, "epoch": 1, "split": "val", "loss": 0.4, "accuracy": 0.8})
     row = src.poll().runs[0]
     assert (row.step, row.epoch, row.train_loss, row.samples_per_s) == (20, 1, 0.5, 900)
-    assert (row.best_name, row.best) == ("loss", 0.4)
+    assert (row.best_name, row.best, row.total_steps) == ("loss", 0.4, 40)
     assert src.poll().runs == ()  # nothing new, nothing sent
     records, offset = src.metrics(s.id, 0)
-    assert [r["step"] for r in records] == [10, 20]
+    assert [r["step"] for r in records] == [0, 10, 20]
     assert src.metrics(s.id, offset) == ([], offset)
 
 

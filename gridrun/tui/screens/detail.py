@@ -28,6 +28,8 @@ class CurveData:
     def add(self, records: tuple[dict[str, Any], ...]) -> None:
         for rec in records:
             step, split = rec.get("step", 0), rec.get("split")
+            if split not in ("train", "val"):
+                continue  # the "start" line holds total_steps, not a curve
             for key, value in rec.items():
                 if key in ("t", "step", "epoch", "split") or not isinstance(value, int | float):
                     continue
