@@ -39,10 +39,23 @@ def bar(fraction: float, width: int = 8) -> str:
     return "█" * filled + "░" * (width - filled)
 
 
+def count(n: int) -> str:
+    """Step counts in at most 5 characters: 9999, 37.5k, 1.25M."""
+    if n < 10_000:
+        return str(n)
+    if n < 999_500:  # 999,999 would round to "1e+03k"
+        return f"{n / 1000:.3g}k"
+    return f"{n / 1_000_000:.3g}M"
+
+
+PROGRESS_WIDTH = 18  # the runs table's progress column
+
+
 def progress(r: RunRow) -> str:
     if r.total_steps:
-        return f"{bar(r.step / r.total_steps)} {r.step}/{r.total_steps}"
-    if r.epochs and r.status == "running":  # steps per epoch are known only at the end
+        text = f"{count(r.step)}/{count(r.total_steps)}"
+        return f"{bar(r.step / r.total_steps, min(8, PROGRESS_WIDTH - 1 - len(text)))} {text}"
+    if r.epochs and r.status == "running":  # a run from before the "start" line
         return f"{bar(r.epoch / r.epochs)} e{r.epoch}/{r.epochs}"
     if r.status == "running" or r.step:
         return f"e{r.epoch} s{r.step}"

@@ -18,7 +18,7 @@ LABELS = {"mark": " ", "samples/s": "smp/s"}
 # Fixed widths: an auto-width column re-measures every cell of the column on
 # each update, which costs seconds with 10,000 rows. The names grow to fit.
 WIDTHS = {"mark": 1, "status": 11, "id": 10, "experiment": 10, "variant": 12, "seed": 4,
-          "progress": 18, "loss": 6, "best": 6, "samples/s": 6, "slot": 5, "elapsed": 7, "eta": 7,
+          "progress": fmt.PROGRESS_WIDTH, "loss": 6, "best": 6, "samples/s": 6, "slot": 5, "elapsed": 7, "eta": 7,
           "prio": 4}
 GROWS = {"experiment": 3, "variant": 4}  # column: index in cells()
 MAX_WIDTH = 32
