@@ -4,6 +4,7 @@ for the runs, compare, export the CSV, quit."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -47,8 +48,8 @@ class Terminal:
         return subprocess.run(["tmux", "-S", str(self.socket), *args], capture_output=True,
                               text=True, timeout=30)
 
-    def screen(self) -> str:
-        return self.tmux("capture-pane", "-p", "-t", "gridrun").stdout
+    def screen(self, escapes: bool = False) -> str:
+        return self.tmux("capture-pane", "-p", *(["-e"] if escapes else []), "-t", "gridrun").stdout
 
     def keys(self, *keys: str) -> None:
         self.tmux("send-keys", "-t", "gridrun", *keys)
@@ -122,3 +123,35 @@ def test_queue_watch_compare_export_quit_in_tmux(tmp_path):
     with Store(root) as store:
         assert len(store.list_runs()) == 4
 
+
+
+def colours(screen: str) -> set[int]:
+    """The 256-colour indices tmux uses to redraw a captured screen."""
+    return {int(m) for m in re.findall(r"\x1b\[[0-9;]*?[34]8;5;(\d+)", screen)}
+
+
+GREYS = {16, 231, *range(232, 256)}  # black, white and the grey ramp of the 256 colours
+
+
+def test_no_color_paints_in_greys_only(tmp_path):
+    from test_engine_kit import make_run
+
+    root = tmp_path / "runs"
+    with Store(root) as store:
+        runs = [make_run(seed=s) for s in range(3)]
+        store.enqueue(runs)
+        for run, end in zip(runs, ("completed", "failed"), strict=False):
+            store.transition(run.id, "queued", "running")
+            store.transition(run.id, "running", end)
+    screens = {}
+    for name, env in (("colour", ""), ("no colour", "NO_COLOR=1 ")):
+        term = Terminal(tmp_path / f"{name}.sock", tmp_path, f"exec env -u COLUMNS -u LINES "
+                        f"{env}GRIDRUN_ROOT={root} {sys.executable} -m gridrun", size=(100, 20))
+        try:
+            term.wait_for("failed")
+            time.sleep(0.5)
+            screens[name] = term.screen(escapes=True)
+        finally:
+            term.close()
+    assert colours(screens["colour"]) - GREYS, "the check needs a coloured screen to compare with"
+    assert colours(screens["no colour"]) <= GREYS, screens["no colour"]
