@@ -10,12 +10,11 @@ import os
 import time
 
 import pytest
-from test_engine_kit import make_run, slow_run, wait_for
+from test_engine_kit import make_run, prepare, slow_run, wait_exit, wait_for
 
 from gridrun.engine import layout, states
 from gridrun.engine.backends.base import EXIT_ALREADY_RUNNING, Slot
 from gridrun.engine.backends.local import LocalBackend
-from gridrun.engine.spec import write_run_config
 
 # name -> factory(log_path) of a backend; the Ray backend adds itself here.
 BACKENDS = {
@@ -54,21 +53,6 @@ def catches_sigterm(pid: int) -> bool:
     with open(f"/proc/{pid}/status") as f:
         caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
     return bool(int(caught, 16) & (1 << 14))
-
-
-def prepare(root, run):
-    run_dir = layout.make_private_dir(layout.run_dir(root, run.experiment, run.id))
-    write_run_config(run_dir / layout.CONFIG, run)
-    return run_dir
-
-
-def wait_exit(backend, timeout=90.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events = backend.poll(0.2)
-        if events:
-            return events
-    raise AssertionError("no run ended in time")
 
 
 def test_runs_get_their_slot_and_output_log(make_backend, tmp_path):

@@ -8,34 +8,27 @@ import sys
 import time
 
 import pytest
-from test_engine_kit import TINY, drain, make_run, metrics_without_timing, wait_for
+from test_engine_kit import (
+    TINY,
+    drain,
+    make_run,
+    metrics_without_timing,
+    prepare,
+    wait_exit,
+    wait_for,
+)
 
 from gridrun.engine import layout, states
 from gridrun.engine.backends.base import Slot
 from gridrun.engine.backends.registry import BackendError, make_backend, slots_for_backend
 from gridrun.engine.scheduler import Engine
-from gridrun.engine.spec import EngineConfig, write_run_config
+from gridrun.engine.spec import EngineConfig
 from gridrun.engine.store import Store
 
 
 def probe_run(seed: int = 0, sleep: float = 0.0, epochs: int = 2, **trainer):
     return make_run("ray_tasks:probe", seed, epochs=epochs, checkpoint_every=2,
                     task_args={**TINY, "step_sleep": sleep}, **trainer)
-
-
-def prepare(root, run):
-    run_dir = layout.make_private_dir(layout.run_dir(root, run.experiment, run.id))
-    write_run_config(run_dir / layout.CONFIG, run)
-    return run_dir
-
-
-def wait_exit(backend, timeout=90.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        events = backend.poll(0.2)
-        if events:
-            return events
-    raise AssertionError("no run ended in time")
 
 
 def test_choosing_ray_without_ray_names_the_extra(tmp_path):

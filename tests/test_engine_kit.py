@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from gridrun.engine import layout, runlog, states
-from gridrun.engine.spec import TRAINER_KEYS, RunSpec, run_id
+from gridrun.engine.spec import TRAINER_KEYS, RunSpec, run_id, write_run_config
 
 TIMING_KEYS = {"t", "samples_per_s", "step_time", "tokens_per_s"}
 TINY = {"train_size": 256, "val_size": 64, "hidden": 16, "depth": 1}
@@ -71,3 +71,20 @@ def kill_quietly(pid: int | None, sig: int = signal.SIGKILL) -> None:
 
 def finished(store, ids) -> bool:
     return all(r.status in states.FINISHED for r in store.list_runs(ids=ids))
+
+
+def prepare(root, run: RunSpec) -> Path:
+    """A run folder with its config.toml, as the engine writes it before a launch."""
+    run_dir = layout.make_private_dir(layout.run_dir(root, run.experiment, run.id))
+    write_run_config(run_dir / layout.CONFIG, run)
+    return run_dir
+
+
+def wait_exit(backend, timeout: float = 90.0) -> list:
+    """The first events a backend reports: some run ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events = backend.poll(0.2)
+        if events:
+            return events
+    raise AssertionError("no run ended in time")

@@ -73,6 +73,17 @@ class NullWriter:
         pass
 
 
+def _parse(data: bytes) -> list[dict[str, Any]]:
+    """The records of complete lines; a corrupt line is skipped."""
+    records = []
+    for line in data.splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
 def read_from(path: str | os.PathLike, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
     """Complete records after byte `offset`, and the offset to resume from.
 
@@ -86,13 +97,7 @@ def read_from(path: str | os.PathLike, offset: int = 0) -> tuple[list[dict[str, 
     except FileNotFoundError:
         return [], offset
     end = data.rfind(b"\n") + 1
-    records = []
-    for line in data[:end].splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records, offset + end
+    return _parse(data[:end]), offset + end
 
 
 def read_all(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -114,11 +119,5 @@ def iter_chunks(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> Iterator
                     return  # a torn last line
                 chunk_bytes *= 2  # a line longer than a chunk
                 continue
-            records = []
-            for line in data[:end].splitlines():
-                try:
-                    records.append(json.loads(line))
-                except ValueError:
-                    continue
-            yield records
+            yield _parse(data[:end])
             offset += end
