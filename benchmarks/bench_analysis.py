@@ -80,7 +80,7 @@ def rss_mib() -> float:
 def phase(name: str, root: Path, out: Path) -> dict:
     import pandas as pd
 
-    from gridrun.engine import analysis, layout
+    from gridrun.engine import analysis, export, layout
 
     analysis.ablation_table  # noqa: B018 - imports done before the baseline RSS
     import scipy.stats  # noqa: F401
@@ -106,7 +106,7 @@ def phase(name: str, root: Path, out: Path) -> dict:
         result = {"runs": len(pd.DataFrame(rows))}
     elif name in ("export", "export_exp0"):
         exp = "exp0" if name == "export_exp0" else None
-        result = {"rows": analysis.export_metrics(root, out, experiment=exp)}
+        result = {"rows": export.export_metrics(root, out, experiment=exp)}
     elif name == "naive_exp0":
         from gridrun.engine.runlog import read_all
 

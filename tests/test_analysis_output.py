@@ -8,7 +8,7 @@ from test_analysis import build_abl, build_grid, make_run
 from typer.testing import CliRunner
 
 from gridrun.cli import app
-from gridrun.engine import analysis
+from gridrun.engine import analysis, export
 from gridrun.engine.analysis import ablation_table, format_table, runs_frame
 
 runner = CliRunner()
@@ -86,7 +86,7 @@ def test_export_metrics_long_format(tmp_path):
     make_run(tmp_path, "f", 0, summary=False)  # no metrics yet
     out = tmp_path / "m.csv"
     # small chunks and flushes exercise the streaming path
-    n = analysis.export_metrics(tmp_path, out, chunk_bytes=256, flush_lines=3)
+    n = export.export_metrics(tmp_path, out, chunk_bytes=256, flush_lines=3)
     back = pd.read_csv(out)
     assert list(back.columns) == ["run_id", "step", "epoch", "split", "metric", "value"]
     assert n == len(back) == 6 * 4 + 2 + 2 * 4
@@ -95,8 +95,8 @@ def test_export_metrics_long_format(tmp_path):
     assert list(first["value"]) == [1.0, 0.1, 10.0, 0.1]
     val = back[(back["run_id"] == a) & (back["split"] == "val")]
     assert dict(zip(val["metric"], val["value"], strict=True)) == {"loss": 0.2, "accuracy": 0.9}
-    assert analysis.export_metrics(tmp_path, out, status="completed") == 26
-    assert analysis.export_metrics(tmp_path, out, experiment="f") == 0
+    assert export.export_metrics(tmp_path, out, status="completed") == 26
+    assert export.export_metrics(tmp_path, out, experiment="f") == 0
     assert list(pd.read_csv(out).columns) == ["run_id", "step", "epoch", "split", "metric", "value"]
     assert not (tmp_path / "m.csv.tmp").exists()
 
@@ -107,7 +107,7 @@ def test_parquet_needs_pyarrow(grid_root, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     out = tmp_path / "m.parquet"
     with pytest.raises(analysis.AnalysisError, match="pip install pyarrow"):
-        analysis.export_metrics(grid_root, out)
+        export.export_metrics(grid_root, out)
     result = cli("export", "--what", "runs", "-o", out, "--root", grid_root)
     assert result.exit_code == 2 and "pip install pyarrow" in result.output
     assert not out.exists()

@@ -97,12 +97,8 @@ def export(
 ) -> None:
     """Write runs, metrics or the ablation table to a CSV or Parquet file."""
     from gridrun.engine import states
-    from gridrun.engine.analysis import (
-        AnalysisError,
-        ablation_table,
-        export_metrics,
-        write_frame,
-    )
+    from gridrun.engine.analysis import AnalysisError, ablation_table
+    from gridrun.engine.export import export_metrics, write_frame
 
     if status is not None and status not in states.ALL:
         fail(f"unknown status {status!r}: choose one of {', '.join(states.ALL)}")
