@@ -109,3 +109,42 @@ def test_sigkill_of_the_engine_at_random_moments_loses_nothing(root, tmp_path):
     for run in runs:
         # a run that ran twice at once would have interleaved or repeated lines
         assert metrics_without_timing(root, run) == expected[run.id]
+
+
+SLOW_BACKEND = """
+import sys, time
+from pathlib import Path
+from gridrun.engine import daemon
+from gridrun.engine.backends.local import LocalBackend
+start = LocalBackend.start
+def slow_start(self):  # as a Ray cluster that takes its time to answer
+    time.sleep(float(sys.argv[2]))
+    start(self)
+LocalBackend.start = slow_start
+sys.exit(daemon.serve(Path(sys.argv[1])))
+"""
+
+
+def test_an_engine_starting_its_backend_is_visible_and_stoppable(root):
+    root.mkdir(mode=0o700)
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_BACKEND, str(root), "30"],
+                            start_new_session=True, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: daemon.status(root).running, timeout=30)
+        st = daemon.status(root)
+        assert st.starting and st.pid == proc.pid
+        assert daemon.stop(root, timeout=10)  # no need to wait for the backend to answer
+        assert proc.wait(10) == 0 and not (root / "engine.pid").exists()
+    finally:
+        kill_quietly(proc.pid)
+
+
+def test_a_failed_start_says_why_from_this_start_only(root):
+    root.mkdir(mode=0o700)
+    (root / "engine.log").write_text("2026-01-01 00:00:00 ERROR an old reason\n")
+    with Store(root) as store:
+        store.set_state("engine_config", {"backend": "nowhere"})
+    with pytest.raises(RuntimeError) as failed:
+        daemon.start(root)
+    assert "backend = 'nowhere' is unknown" in str(failed.value)
+    assert "old reason" not in str(failed.value) and not daemon.status(root).running

@@ -179,10 +179,12 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
     with _store(root) as store:
         counts, paused = store.counts(), store.paused
     if as_json:
-        typer.echo(json.dumps({"running": st.running, "pid": st.pid, "paused": paused,
-                               "counts": counts, "log": str(st.log)}))
+        typer.echo(json.dumps({"running": st.running, "starting": st.starting, "pid": st.pid,
+                               "paused": paused, "counts": counts, "log": str(st.log)}))
         return
-    typer.echo(f"engine: {f'running (pid {st.pid})' if st.running else 'not running'}"
+    state = "not running" if not st.running else (
+        f"starting its backend (pid {st.pid})" if st.starting else f"running (pid {st.pid})")
+    typer.echo(f"engine: {state}"
                + (" · paused" if paused else "") + f" · root {root}")
     typer.echo("runs: " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"))
 

@@ -30,11 +30,12 @@ LOCK, PID, LOG = "engine.lock", "engine.pid", "engine.log"
 
 @dataclass(frozen=True)
 class EngineStatus:
-    running: bool
+    running: bool  # the engine process is alive (it may still be starting its backend)
     pid: int | None
     started_at: float | None
     root: Path
     log: Path
+    starting: bool = False  # alive, but its backend (a Ray cluster, say) is not up yet
 
 
 def status(root: str | os.PathLike) -> EngineStatus:
@@ -49,54 +50,73 @@ def status(root: str | os.PathLike) -> EngineStatus:
 
         alive = process_alive(pid, started) is not None  # a zombie engine is not running
     return EngineStatus(alive, pid if alive else None, info.get("started_at") if alive else None,
-                        root, root / LOG)
+                        root, root / LOG, starting=alive and info.get("state") == "starting")
 
 
-def start(root: str | os.PathLike, config: Any = None, *, timeout: float = 30.0) -> EngineStatus:
-    """Start the engine for `root` unless one runs; returns its status.
+def start(root: str | os.PathLike, config: Any = None, *, timeout: float = 30.0,
+          backend_timeout: float = 300.0) -> EngineStatus:
+    """Start the engine for `root` unless one runs; returns its status once it
+    runs. `timeout` bounds the process start; a backend that is still
+    connecting (Ray) gets up to `backend_timeout` more, then we stop waiting and
+    say so (the engine stays visible to `status` and `stop`).
 
     `config` (an EngineConfig) is remembered in the store and used by this and
     later starts; an engine already running keeps the config it started with.
     """
     root = Path(root).resolve()
     current = status(root)
-    if current.running:
-        return current
-    layout.make_private_dir(root)
-    if config is not None:
-        from gridrun.engine.store import Store
+    proc = None
+    if not current.running:
+        layout.make_private_dir(root)
+        if config is not None:
+            from gridrun.engine.store import Store
 
-        with Store(root) as store:
-            store.set_state("engine_config", dataclasses.asdict(config))
-    log_fd = os.open(root / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        proc = subprocess.Popen([sys.executable, "-m", "gridrun.engine.daemon", str(root)],
-                                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
-                                start_new_session=True, close_fds=True)
-    finally:
-        os.close(log_fd)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+            with Store(root) as store:
+                store.set_state("engine_config", dataclasses.asdict(config))
+        log_fd = os.open(root / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log_from = os.fstat(log_fd).st_size  # reasons for a failed start come after this
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "gridrun.engine.daemon", str(root)],
+                                    stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+                                    start_new_session=True, close_fds=True)
+        finally:
+            os.close(log_fd)
+    start_deadline = time.monotonic() + timeout
+    backend_deadline = start_deadline + backend_timeout
+    while True:
         current = status(root)
-        if current.running:
-            proc.returncode = 0  # detached: it outlives us, don't warn
+        if current.running and not current.starting:
+            if proc is not None:
+                proc.returncode = 0  # detached: it outlives us, don't warn
             return current
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             current = status(root)  # another engine won the lock meanwhile?
             if current.running:
-                return current
+                proc = None
+                continue
             raise RuntimeError(f"the engine exited at start (code {proc.returncode}): "
-                               f"{_last_error(root / LOG)}see {root / LOG}")
+                               f"{_start_error(root / LOG, log_from)}see {root / LOG}")
+        if proc is None and not current.running:
+            raise RuntimeError(f"the engine that was starting exited; see {root / LOG}")
+        now = time.monotonic()
+        if now > (backend_deadline if current.starting else start_deadline):
+            if current.starting:
+                raise RuntimeError(f"the engine (pid {current.pid}) is still starting its backend "
+                                   f"after {timeout + backend_timeout:.0f} s; see {root / LOG}; "
+                                   "`gridrun engine stop` stops it")
+            raise RuntimeError(f"the engine did not start within {timeout:.0f} s; see {root / LOG}")
         time.sleep(0.05)
-    raise RuntimeError(f"the engine did not start within {timeout:.0f} s; see {root / LOG}")
 
 
-def _last_error(log: Path) -> str:
-    """The last ERROR line of the engine log, to say why a start failed."""
-    with contextlib.suppress(OSError):
-        lines = [ln for ln in log.read_text(errors="replace").splitlines()[-50:] if " ERROR " in ln]
-        if lines:
-            return lines[-1].split(" ERROR ", 1)[1] + "; "
+def _start_error(log: Path, offset: int) -> str:
+    """Why a start failed: the last ERROR line (else the last line) the engine
+    wrote to its log after `offset`."""
+    with contextlib.suppress(OSError), open(log, "rb") as f:
+        f.seek(offset)
+        lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+        errors = [ln.split(" ERROR ", 1)[1] for ln in lines if " ERROR " in ln]
+        if errors or lines:
+            return (errors or lines)[-1] + "; "
     return ""
 
 
@@ -137,6 +157,10 @@ def make_telemetry() -> Any:
         return None
 
 
+class StoppedWhileStarting(BaseException):
+    """SIGTERM or SIGINT before the backend was up (like KeyboardInterrupt, not an Exception)."""
+
+
 def serve(root: Path, **engine_options: Any) -> int:
     """The engine process itself (run by `start`, or in the foreground)."""
     from gridrun.engine.backends.registry import BackendError, make_backend, slots_for_backend
@@ -154,37 +178,59 @@ def serve(root: Path, **engine_options: Any) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(message)s")
     log = logging.getLogger("gridrun.engine")
-    config = engine_config(root)
-    try:
-        backend = make_backend(config, root, root / LOG)
-    except BackendError as e:
-        log.error("%s", e)
-        return 2
-    engine = Engine(root, backend, slots_for_backend(backend, config), store=Store(root),
-                    telemetry=make_telemetry(), **engine_options)
-    signal.signal(signal.SIGTERM, lambda *_: engine.request_stop())
-    signal.signal(signal.SIGINT, lambda *_: engine.request_stop())
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    try:
-        # before engine.pid exists: "running" means the backend is up (Ray connected)
-        engine.start()
-    except Exception as e:
-        log.exception("the %s backend could not start", config.backend)
-        log.error("the %s backend could not start: %s: %s", config.backend, type(e).__name__,
-                  str(e).strip().splitlines()[0] if str(e).strip() else "")
-        return 2
     from gridrun.engine.backends.child import process_start_time
 
     pid = os.getpid()
-    tmp = root / (PID + ".tmp")
-    tmp.write_text(json.dumps({"pid": pid, "start_time": process_start_time(pid),
-                               "started_at": time.time(), "backend": config.backend,
-                               "slots": [s.name for s in engine.slots]}))
-    tmp.replace(root / PID)
-    log.info("engine %d started on %s, backend %s, slots %s", pid, root, config.backend,
-             ", ".join(s.name for s in engine.slots) or "from the cluster")
+    record = {"pid": pid, "start_time": process_start_time(pid), "started_at": time.time()}
+
+    def write_pid(**fields: Any) -> None:
+        tmp = root / (PID + ".tmp")
+        tmp.write_text(json.dumps({**record, **fields}))
+        tmp.replace(root / PID)
+
+    # Visible (to status and stop) from here on, "starting" until the backend is up:
+    # connecting to a Ray cluster can take a while.
+    write_pid(state="starting")
+    engine = None
+
+    def on_signal(*_: Any) -> None:
+        if engine is not None and engine.started:
+            engine.request_stop()  # running runs checkpoint and return to the queue
+        else:
+            raise StoppedWhileStarting  # nothing runs yet: give up connecting at once
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    backend = None
     try:
+        config = engine_config(root)
+        try:
+            backend = make_backend(config, root, root / LOG)
+        except BackendError as e:
+            log.error("%s", e)
+            return 2
+        engine = Engine(root, backend, slots_for_backend(backend, config), store=Store(root),
+                        telemetry=make_telemetry(), **engine_options)
+        try:
+            engine.start()
+        except Exception as e:
+            log.exception("the %s backend could not start", config.backend)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            log.error("the %s backend could not start: %s: %s", config.backend,
+                      type(e).__name__, first)
+            with contextlib.suppress(Exception):
+                backend.close()
+            return 2
+        write_pid(state="running", backend=config.backend, slots=[s.name for s in engine.slots])
+        log.info("engine %d started on %s, backend %s, slots %s", pid, root, config.backend,
+                 ", ".join(s.name for s in engine.slots) or "from the cluster")
         engine.run()
+    except StoppedWhileStarting:
+        log.info("stopped while starting")
+        if backend is not None:
+            with contextlib.suppress(Exception):
+                backend.close()
     finally:
         (root / PID).unlink(missing_ok=True)
         log.info("engine %d stopped", pid)

@@ -101,6 +101,8 @@ class Engine:
         self.backend.start()
         self.recover()
         self.started = True
+        if self.stopping:  # asked to stop while the backend was starting: stop what was adopted
+            self._stop_active()
 
     def run(self) -> None:
         """Until `request_stop()`; then running runs checkpoint and return to the queue."""
@@ -114,6 +116,9 @@ class Engine:
         if self.stopping:
             return
         self.stopping = True
+        self._stop_active()
+
+    def _stop_active(self) -> None:
         log.info("stopping: %d running runs checkpoint and return to the queue", len(self.active))
         for act in self.active.values():
             self.backend.cancel(act.handle, self.stop_grace)
