@@ -81,8 +81,9 @@ def test_export_metrics_long_format(tmp_path):
     log = [{"t": 1, "step": i, "epoch": i // 3, "split": "train", "loss": 1 / i, "lr": 0.1,
             "samples_per_s": 10.0, "step_time": 0.1} for i in range(1, 7)]
     log.append({"t": 2, "step": 6, "epoch": 2, "split": "val", "loss": 0.2, "accuracy": 0.9})
+    log.insert(0, {"t": 0, "step": 0, "epoch": 0, "split": "start", "total_steps": 6})  # not exported
     a = make_run(tmp_path, "e", 0, best={"loss": 0.2}, log=log)
-    make_run(tmp_path, "e", 1, status="failed", log=log[:2], torn=True)
+    make_run(tmp_path, "e", 1, status="failed", log=log[:3], torn=True)
     make_run(tmp_path, "f", 0, summary=False)  # no metrics yet
     out = tmp_path / "m.csv"
     # small chunks and flushes exercise the streaming path

@@ -139,11 +139,13 @@ def test_run_wait_trains_the_file_and_says_where_results_are(tmp_path, root):
     assert code == 0 and "engine stopped" in out
 
 
-def test_ray_backend_without_ray_says_which_extra_and_queues_nothing(tmp_path, root, monkeypatch):
+@pytest.mark.parametrize("command", [["run", "--wait"], ["queue"]])
+def test_ray_backend_without_ray_says_which_extra_and_queues_nothing(tmp_path, root, monkeypatch,
+                                                                      command):
     path = tmp_path / "ray.toml"
     path.write_text(TINY.format(extra="").replace("cpu_slots = 2", 'backend = "ray"'))
     monkeypatch.setitem(sys.modules, "ray", None)  # as if the extra were not installed
-    code, out = gridrun("run", str(path), "--wait", "--root", str(root))
+    code, out = gridrun(command[0], str(path), *command[1:], "--root", str(root))
     assert code == 2
     assert "pip install 'gridrun[ray]'" in out and "nothing was queued" in out
     assert not (root / "gridrun.db").exists() or not Store(root).list_runs()

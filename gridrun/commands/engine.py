@@ -6,6 +6,7 @@ applies what they ask. Run ids accept unique prefixes.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -58,32 +59,35 @@ def _resolve(store, prefixes: list[str]) -> list[str]:
 
 
 def _queue(file: Path, root: Path, force: bool) -> tuple[list, list[str], list[str]]:
-    from gridrun.engine.spec import SpecError, load_runs
+    from gridrun.engine.backends.registry import BackendError, check_backend
+    from gridrun.engine.spec import SpecError, load_engine_config, load_runs
 
     try:
         runs = load_runs(file, force=force)
+        engine = load_engine_config(file) if _has_engine_table(file) else None
+        if engine is not None:
+            check_backend(engine)
     except SpecError as e:
         fail(f"{e}\nnothing was queued")
+    except BackendError as e:
+        fail(f"{file}: {e}\nnothing was queued")
     with _store(root) as store:
         queued, skipped = store.enqueue(runs, provenance(file.resolve().parent), force=force)
-        _remember_engine_table(store, file)
+        if engine is not None:
+            # applies at the engine's next start (a running engine keeps its slots),
+            # however the file was queued; a file without [engine] changes nothing
+            store.set_state("engine_config", dataclasses.asdict(engine))
     typer.echo(f"queued {len(queued)} run{'s' * (len(queued) != 1)} from {file}"
                + (f"; skipped {len(skipped)} already queued, running or completed"
                   " (--force runs them again)" if skipped else ""))
     return runs, queued, skipped
 
 
-def _remember_engine_table(store, file: Path) -> None:
-    """A file's `[engine]` table applies at the engine's next start (a running
-    engine keeps the slots it started with), however the file was queued."""
-    import dataclasses
+def _has_engine_table(file: Path) -> bool:
     import tomllib
 
-    from gridrun.engine.spec import load_engine_config
-
     with file.open("rb") as f:
-        if "engine" in tomllib.load(f):
-            store.set_state("engine_config", dataclasses.asdict(load_engine_config(file)))
+        return "engine" in tomllib.load(f)
 
 
 def queue(file: FileArg, force: Annotated[bool, typer.Option(
@@ -104,18 +108,10 @@ def run(file: FileArg,
         root: RootOption = DEFAULT_ROOT) -> None:
     """Queue an experiment file, make sure the engine runs, and follow the runs."""
     from gridrun.engine import daemon
-    from gridrun.engine.backends.registry import BackendError, check_backend
-    from gridrun.engine.spec import SpecError, load_engine_config
 
-    try:
-        config = load_engine_config(file)
-        check_backend(config)
-    except (SpecError, BackendError) as e:
-        fail(f"{file}: {e}\nnothing was queued" if isinstance(e, BackendError)
-             else f"{e}\nnothing was queued")
     runs, _, _ = _queue(file, root, force)
     try:
-        st = daemon.start(root, config)
+        st = daemon.start(root)
     except RuntimeError as e:
         fail(str(e), 1)
     typer.echo(f"engine running (pid {st.pid}); log: {st.log}")

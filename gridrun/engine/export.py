@@ -125,6 +125,7 @@ def export_metrics(root: str | os.PathLike, out: str | os.PathLike, experiment: 
             if not path.exists():
                 continue
             for lines in runlog.iter_chunks(path, chunk_bytes):
+                lines = [r for r in lines if r.get("split") != "start"]  # total_steps: not a metric
                 records.extend(lines)
                 run_ids.extend([run_id] * len(lines))
                 if len(records) >= flush_lines:

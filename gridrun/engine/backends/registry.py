@@ -35,7 +35,11 @@ def make_backend(config: Any, root: str | Path, log_path: Path | None = None) ->
 
         return LocalBackend(log_path=log_path)
     if name == "ray":
-        from gridrun.engine.backends.ray import RayBackend
+        try:
+            from gridrun.engine.backends.ray import RayBackend
+        except ImportError as e:  # installed, but broken
+            raise BackendError(f"[engine] backend = \"ray\": Ray is installed but does not import "
+                               f"({e}); reinstall it: pip install 'gridrun[ray]'") from e
 
         return RayBackend(root, address=config.ray_address, runs_per_gpu=config.runs_per_gpu,
                           log_path=log_path)
@@ -43,8 +47,9 @@ def make_backend(config: Any, root: str | Path, log_path: Path | None = None) ->
 
 
 def slots_for_backend(backend: Backend, config: Any) -> list[Slot]:
-    """The backend's own slots when it has them (Ray: the cluster's capacity, kept
-    current as nodes come and go; call after `backend.start()`), else the config's."""
+    """The backend's own slots when it has them (Ray: the cluster's capacity; the
+    list is filled by `backend.start()` and kept current as nodes come and go),
+    else the config's."""
     if hasattr(backend, "slots"):
         return backend.slots()
     from gridrun.engine.scheduler import slots_for
