@@ -7,7 +7,8 @@ from gridrun.tui.widgets import fmt
 
 
 @pytest.mark.parametrize(("n", "text"), [(0, "0"), (9999, "9999"), (37_500, "37.5k"),
-                                         (999_999, "1M"), (1_234_567, "1.23M")])
+                                         (999_999, "1M"), (1_234_567, "1.23M"),
+                                         (999_999_999, "1G")])
 def test_step_counts_stay_short(n, text):
     assert fmt.count(n) == text
 

@@ -37,6 +37,41 @@ async def test_footer_rebuilds_only_when_a_key_changes(make_app):
 
 
 @aio
+async def test_footer_follows_the_cursor(make_app):
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        table = app.main.table
+        assert table.current.status == "completed" and _cancel_disabled(app)
+        rows = [table.runs[r.key.value] for r in table.ordered_rows]
+        steps = next(i for i, r in enumerate(rows) if r.status == "running")
+        await pilot.press(*["j"] * steps)
+        await settle(pilot)
+        assert table.current.status == "running" and not _cancel_disabled(app)
+
+
+@aio
+async def test_queue_order_after_sorting_keeps_the_file_order(make_app):
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        table = app.main.table
+        some = next(iter(table.runs.values()))
+        # two runs queued together (same moment, same priority), ids not in file order
+        late = tuple(replace(some, id=i, status="queued", queued_at=some.queued_at + 1e6)
+                     for i in ("zz-first", "aa-second"))
+        app.main.runs_changed(late)
+        await settle(pilot)
+        before = [r.key.value for r in table.ordered_rows]
+        assert before[-2:] == ["zz-first", "aa-second"]
+        for _ in range(len(runs_table.SORTABLE) + 1):  # every column, then queue order again
+            await pilot.press("s")
+        await settle(pilot)
+        after = [r.key.value for r in table.ordered_rows]
+        assert table.sort_column is None and after.index("zz-first") < after.index("aa-second")
+
+
+@aio
 async def test_new_rows_are_not_measured(make_app, monkeypatch):
     import textual.widgets._data_table as data_table
 

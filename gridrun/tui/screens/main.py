@@ -66,6 +66,9 @@ class MainScreen(Screen):
         self.query_one(StatusHeader).show(str(self.app.source.root), None)
         self.table.focus()
 
+    def on_data_table_row_highlighted(self) -> None:
+        self._refresh_keys()  # cancel, retry and priority depend on the run under the cursor
+
     # ---- fed by the bridge ------------------------------------------------------
 
     def runs_changed(self, runs: tuple[RunRow, ...]) -> None:

@@ -40,12 +40,14 @@ def bar(fraction: float, width: int = 8) -> str:
 
 
 def count(n: int) -> str:
-    """Step counts in at most 5 characters: 9999, 37.5k, 1.25M."""
+    """Step counts in at most 5 characters: 9999, 37.5k, 1.25M, 2G."""
     if n < 10_000:
         return str(n)
     if n < 999_500:  # 999,999 would round to "1e+03k"
         return f"{n / 1000:.3g}k"
-    return f"{n / 1_000_000:.3g}M"
+    if n < 999_500_000:
+        return f"{n / 1_000_000:.3g}M"
+    return f"{n / 1_000_000_000:.3g}G"
 
 
 PROGRESS_WIDTH = 18  # the runs table's progress column

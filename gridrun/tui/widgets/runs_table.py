@@ -63,6 +63,7 @@ class RunsTable(DataTable):
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
         self.clock = clock
         self.runs: dict[str, RunRow] = {}
+        self.arrival: dict[str, int] = {}  # first read in queue order, then new runs: ties' order
         self.marked: set[str] = set()
         self.shown: dict[str, tuple] = {}  # id -> the cells on screen
         self.needle = ""
@@ -101,6 +102,7 @@ class RunsTable(DataTable):
         now, added = self.clock(), False
         for r in rows:
             self.runs[r.id] = r
+            self.arrival.setdefault(r.id, len(self.arrival))
             if not matches(r, self.needle):
                 if r.id in self.shown:
                     self.remove_row(r.id)
@@ -176,7 +178,7 @@ class RunsTable(DataTable):
         def key(cells_row) -> tuple:
             r = self.runs[cells_row[0]]
             group = (r.experiment,) if self.grouped else ()
-            own = SORT_KEYS[col](r, now) if col else (-r.priority, r.queued_at, r.id)
+            own = SORT_KEYS[col](r, now) if col else (-r.priority, r.queued_at, self.arrival[r.id])
             return (*group, *own)
 
         # DataTable.sort hands the key the named columns' values; sort on the id.
