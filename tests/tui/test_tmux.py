@@ -4,6 +4,7 @@ for the runs, compare, export the CSV, quit."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import subprocess
@@ -38,15 +39,22 @@ cpu_slots = 2
 """
 
 
+# Pytest plugins may export COLUMNS/LINES (they would pin the app to 80x24); the
+# developer's COLORTERM or NO_COLOR would change the colours the tests read.
+APP_ENV = "env -u COLUMNS -u LINES -u COLORTERM -u NO_COLOR"
+
+
 class Terminal:
     def __init__(self, socket: Path, cwd: Path, command: str, size: tuple[int, int] = (120, 36)):
         self.socket = socket
-        self.tmux("new-session", "-d", "-s", "gridrun", "-x", str(size[0]), "-y", str(size[1]),
-                  "-c", str(cwd), command)
+        started = self.tmux("new-session", "-d", "-s", "gridrun", "-x", str(size[0]),
+                            "-y", str(size[1]), "-c", str(cwd), command)
+        assert started.returncode == 0, started.stderr
 
     def tmux(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["tmux", "-S", str(self.socket), *args], capture_output=True,
-                              text=True, timeout=30)
+        # -f /dev/null: the user's ~/.tmux.conf (default-terminal, ...) must not change the test
+        return subprocess.run(["tmux", "-f", "/dev/null", "-S", str(self.socket), *args],
+                              capture_output=True, text=True, timeout=30)
 
     def screen(self, escapes: bool = False) -> str:
         return self.tmux("capture-pane", "-p", *(["-e"] if escapes else []), "-t", "gridrun").stdout
@@ -67,15 +75,15 @@ class Terminal:
         return self.tmux("has-session", "-t", "gridrun").returncode == 0
 
     def close(self) -> None:
-        self.tmux("kill-server")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.tmux("kill-server")
 
 
 def test_queue_watch_compare_export_quit_in_tmux(tmp_path):
     work, root = tmp_path / "work", tmp_path / "runs"
     work.mkdir()
     (work / "experiments.toml").write_text(EXPERIMENTS)
-    # -u: pytest plugins may export COLUMNS/LINES, which would pin the app to 80x24
-    command = f"exec env -u COLUMNS -u LINES GRIDRUN_ROOT={root} {sys.executable} -m gridrun"
+    command = f"exec {APP_ENV} GRIDRUN_ROOT={root} {sys.executable} -m gridrun"
     term = Terminal(tmp_path / "tmux.sock", work, command)
     try:
         term.wait_for("a queue file")  # the footer: the app is up and reads keys
@@ -113,8 +121,10 @@ def test_queue_watch_compare_export_quit_in_tmux(tmp_path):
         assert not term.alive(), "q did not quit"
         assert daemon.status(root).running, "quitting the interface must leave the engine running"
     finally:
-        term.close()
-        daemon.stop(root, force=True)
+        try:
+            term.close()
+        finally:
+            daemon.stop(root, force=True)
 
     table = pd.read_csv(root / "tricks.csv")
     assert list(table["ablation"]) == ["baseline", "sgd"]
@@ -145,7 +155,7 @@ def test_no_color_paints_in_greys_only(tmp_path):
             store.transition(run.id, "running", end)
     screens = {}
     for name, env in (("colour", ""), ("no colour", "NO_COLOR=1 ")):
-        term = Terminal(tmp_path / f"{name}.sock", tmp_path, f"exec env -u COLUMNS -u LINES "
+        term = Terminal(tmp_path / f"{name}.sock", tmp_path, f"exec {APP_ENV} "
                         f"{env}GRIDRUN_ROOT={root} {sys.executable} -m gridrun", size=(100, 20))
         try:
             term.wait_for("failed")
