@@ -3,6 +3,7 @@ worker processes, the real scheduler. Skipped when Ray is not installed."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -40,6 +41,20 @@ def test_choosing_ray_without_ray_names_the_extra(tmp_path):
     assert proc.returncode != 0 and "pip install 'gridrun[ray]'" in proc.stderr
     with pytest.raises(BackendError, match="unknown"):
         make_backend(EngineConfig(backend="slurm"), tmp_path)
+
+
+def test_a_broken_ray_install_is_a_clear_error(tmp_path):
+    fake = tmp_path / "ray"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('libray.so: cannot open shared object')\n")
+    code = ("from gridrun.engine.backends.registry import BackendError, make_backend\n"
+            "from gridrun.engine.spec import EngineConfig\n"
+            "try:\n    make_backend(EngineConfig(backend='ray'), '.')\n"
+            "except BackendError as e:\n    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"})
+    assert proc.returncode == 0, proc.stderr
+    assert "does not import" in proc.stdout and "libray.so" in proc.stdout
 
 
 @pytest.fixture(scope="module")

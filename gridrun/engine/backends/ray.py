@@ -56,8 +56,8 @@ from gridrun.engine.backends.base import EXIT_ALREADY_RUNNING, Backend, Exited, 
 try:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-except ImportError:  # pragma: no cover - exercised by test_registry without ray
-    ray = None
+except ImportError as e:  # not installed, or installed and broken: said by _require_ray
+    ray, RAY_IMPORT_ERROR = None, e
 
 log = logging.getLogger("gridrun.engine")
 
@@ -66,8 +66,8 @@ INTERRUPTED = states.EXIT_CODES[states.INTERRUPTED]
 PROGRESS_EVERY = 1.0  # seconds between metrics events from a task
 LOCK_WAIT = 120.0  # how long a relaunch waits for a previous process to let go of the run
 FORCE_AFTER = 10.0  # seconds after SIGKILL before the Ray task itself is cancelled
-REFRESH_EVERY = 5.0
-LOST_NODE_WAIT = 10.0  # seconds to wait for the cluster to confirm a node died  # seconds between capacity refreshes
+REFRESH_EVERY = 5.0  # seconds between capacity refreshes
+LOST_NODE_WAIT = 10.0  # seconds to wait for the cluster to confirm a node died
 
 
 class RayUnavailable(RuntimeError):
@@ -76,7 +76,11 @@ class RayUnavailable(RuntimeError):
 
 def _require_ray() -> None:
     if ray is None:
-        raise RayUnavailable(INSTALL_HINT)
+        err = RAY_IMPORT_ERROR
+        if isinstance(err, ModuleNotFoundError) and err.name == "ray":
+            raise RayUnavailable(INSTALL_HINT)
+        raise RayUnavailable(f"[engine] backend = \"ray\": Ray is installed but does not import "
+                             f"({err}); reinstall it: pip install 'gridrun[ray]'")
 
 
 # ---- on the nodes ----------------------------------------------------------------

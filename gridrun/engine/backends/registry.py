@@ -35,14 +35,13 @@ def make_backend(config: Any, root: str | Path, log_path: Path | None = None) ->
 
         return LocalBackend(log_path=log_path)
     if name == "ray":
-        try:
-            from gridrun.engine.backends.ray import RayBackend
-        except ImportError as e:  # installed, but broken
-            raise BackendError(f"[engine] backend = \"ray\": Ray is installed but does not import "
-                               f"({e}); reinstall it: pip install 'gridrun[ray]'") from e
+        from gridrun.engine.backends.ray import RayBackend, RayUnavailable
 
-        return RayBackend(root, address=config.ray_address, runs_per_gpu=config.runs_per_gpu,
-                          log_path=log_path)
+        try:
+            return RayBackend(root, address=config.ray_address, runs_per_gpu=config.runs_per_gpu,
+                              log_path=log_path)
+        except RayUnavailable as e:  # installed, but broken
+            raise BackendError(str(e)) from e
     raise AssertionError(name)
 
 
