@@ -81,3 +81,53 @@ def linear(train_size: int = 256, dim: int = 8) -> Task:
 
     return Task(model=model, train_data=data, val_data=data, loss=loss, evaluate=evaluate,
                 metrics={"mse": "lower"})
+
+
+class Augmented(torch.utils.data.Dataset):
+    """Written the way users write augmentation: every draw from a global RNG."""
+
+    def __init__(self, n: int, dim: int):
+        g = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(n, dim, generator=g)
+        self.y = (self.x.sum(1) > 0).long()
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> dict:
+        import random
+
+        import numpy as np
+
+        x = self.x[i] + 0.3 * torch.randn(self.x.shape[1])          # torch's global RNG
+        x = x * float(np.random.uniform(0.8, 1.2))                   # NumPy's global RNG
+        if random.random() < 0.5:                                    # python's global RNG
+            x = x.flip(0)
+        return {"x": x, "y": self.y[i]}
+
+
+def mix_collate(samples: list[dict]) -> dict:
+    """A collate_fn of the user's own that draws too (mixup-style noise)."""
+    x = torch.stack([s["x"] for s in samples])
+    lam = torch.rand(()) * 0.1
+    return {"x": (1 - lam) * x + lam * x.roll(1, 0), "y": torch.stack([s["y"] for s in samples])}
+
+
+def augmented(train_size: int = 256, val_size: int = 64, dim: int = 8, hidden: int = 32) -> Task:
+    """A user-style task: global-RNG augmentation, dict batches, its own collate_fn,
+    a model with dropout and BatchNorm."""
+    model = torch.nn.Sequential(
+        torch.nn.Linear(dim, hidden), torch.nn.BatchNorm1d(hidden), torch.nn.ReLU(),
+        torch.nn.Dropout(0.2), torch.nn.Linear(hidden, 2))
+
+    def loss(model, batch):
+        return F.cross_entropy(model(batch["x"]), batch["y"])
+
+    def evaluate(model, batch):
+        logits = model(batch["x"])
+        return {"loss": (F.cross_entropy(logits, batch["y"], reduction="sum"), len(batch["y"])),
+                "accuracy": ((logits.argmax(-1) == batch["y"]).sum(), len(batch["y"]))}
+
+    return Task(model=model, train_data=Augmented(train_size, dim), val_data=Augmented(val_size, dim),
+                loss=loss, evaluate=evaluate, metrics={"loss": "lower", "accuracy": "higher"},
+                collate_fn=mix_collate, count_samples=lambda b: len(b["y"]))

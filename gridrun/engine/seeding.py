@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 from typing import Any
@@ -19,6 +20,12 @@ def seed_everything(seed: int) -> None:
 def data_seed(seed: int, epoch: int) -> int:
     """The seed of one epoch's data order: distinct per (seed, epoch), stable across runs."""
     return (seed * 1_000_003 + epoch * 7_919 + 12_345) % 2**63
+
+
+def stream_seed(seed: int, epoch: int, batch: int) -> int:
+    """The seed of one batch's random streams: a 63-bit hash of (seed, epoch, batch)."""
+    key = f"{seed}:{epoch}:{batch}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
 
 def set_determinism(enabled: bool) -> dict[str, Any]:
@@ -41,8 +48,10 @@ def set_determinism(enabled: bool) -> dict[str, Any]:
 
 
 def worker_init_fn(worker_id: int) -> None:
-    # The DataLoader gives each worker torch seed base_seed + id, with base_seed
-    # drawn from the loader's seeded generator; python and numpy follow it.
+    # Batches are fetched under their own streams (data.SeededBatches); this
+    # seeds whatever a worker draws outside them. The DataLoader gives each
+    # worker torch seed base_seed + id, base_seed drawn from the loader's
+    # seeded generator; python and numpy follow it.
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
     np.random.seed(seed)

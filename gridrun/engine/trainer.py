@@ -119,7 +119,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         summary["metrics"], summary["early_stop_metric"] = dict(task.metrics), metric
         collate = task.collate_fn
         count = task.count_samples or count_samples
-        val_data = val_loader(task.val_data, cfg, collate_fn=collate, cuda=device.type == "cuda")
+        val_data = val_loader(task.val_data, cfg, seed=run.seed, collate_fn=collate, cuda=device.type == "cuda")
 
         # ---- resume
         ckpt_dir = run_dir / layout.CHECKPOINTS

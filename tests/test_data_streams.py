@@ -1,0 +1,116 @@
+"""Random streams follow the data, not the process: a task that augments with
+python's, NumPy's and torch's global RNGs gets the same numbers whatever
+num_workers, persistent_workers or prefetch_factor are, and wherever a resume
+started (SIGKILL and SIGTERM mid-epoch, with workers)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+from test_resume import (
+    assert_same_end,
+    make_run,
+    metrics_without_timing,
+    start_worker,
+    wait_for_checkpoint,
+)
+
+from gridrun.engine import checkpoint, layout, states
+from gridrun.engine.trainer import train
+
+TASK_ARGS = {"inner_task": "helper_tasks:augmented", "step_sleep": 0.0, "train_size": 256,
+             "val_size": 64}
+LOADERS = {
+    "w0": {"num_workers": 0},
+    "w1": {"num_workers": 1},
+    "w3": {"num_workers": 3},
+    "w3-persistent": {"num_workers": 3, "persistent_workers": True},
+    "w1-persistent-prefetch5": {"num_workers": 1, "persistent_workers": True, "prefetch_factor": 5},
+}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    run, run_dir = make_run(tmp_path_factory.mktemp("ref"), "ref", TASK_ARGS, epochs=2,
+                            batch_size=16)
+    assert train(run, run_dir, log=lambda s: None)["status"] == states.COMPLETED
+    return run_dir
+
+
+@pytest.mark.parametrize("loader", [k for k in LOADERS if k != "w0"])
+def test_loader_settings_never_change_results(tmp_path, reference, loader):
+    run, run_dir = make_run(tmp_path, loader, TASK_ARGS, epochs=2, batch_size=16, **LOADERS[loader])
+    assert train(run, run_dir, log=lambda s: None)["status"] == states.COMPLETED
+    assert_same_end(reference, run_dir)
+
+
+def test_augmentation_differs_between_epochs_and_seeds(tmp_path):
+    """The streams are per batch, not one fixed view: epochs and seeds see other draws."""
+    from helper_tasks import augmented
+
+    from gridrun.engine.data import start_epoch, train_loader
+
+    cfg = {"batch_size": 16, "num_workers": 0, "pin_memory": False, "prefetch_factor": 2,
+           "persistent_workers": False}
+    task = augmented()
+    batches = {}
+    for seed in (0, 1):
+        loader = train_loader(task.train_data, cfg, seed=seed, collate_fn=task.collate_fn, cuda=False)
+        for epoch in (0, 1):
+            start_epoch(loader, seed, epoch, 0)
+            batches[seed, epoch] = next(iter(loader))["x"]
+    assert not torch.equal(batches[0, 0], batches[0, 1])
+    assert not torch.equal(batches[0, 0], batches[1, 0])
+    # the same (seed, epoch) gives the same batch again
+    loader = train_loader(task.train_data, cfg, seed=0, collate_fn=task.collate_fn, cuda=False)
+    start_epoch(loader, 0, 1, 0)
+    assert torch.equal(next(iter(loader))["x"], batches[0, 1])
+
+
+def test_fetching_a_batch_leaves_the_main_stream_alone():
+    """Dropout draws from the main stream; fetching batches in the main process
+    (num_workers = 0) must not move it."""
+    import random
+
+    import numpy as np
+    from helper_tasks import augmented
+
+    from gridrun.engine.data import start_epoch, train_loader
+
+    cfg = {"batch_size": 16, "num_workers": 0, "pin_memory": False, "prefetch_factor": 2,
+           "persistent_workers": False}
+    task = augmented()
+    loader = train_loader(task.train_data, cfg, seed=0, collate_fn=task.collate_fn, cuda=False)
+    start_epoch(loader, 0, 0, 0)
+    torch.manual_seed(5), np.random.seed(5), random.seed(5)
+    for _ in loader:
+        pass
+    after = (torch.rand(1).item(), np.random.rand(), random.random())
+    torch.manual_seed(5), np.random.seed(5), random.seed(5)
+    assert after == (torch.rand(1).item(), np.random.rand(), random.random())
+
+
+@pytest.mark.parametrize("how", ["sigkill", "sigterm"])
+def test_mid_epoch_stop_with_workers_resumes_exactly(tmp_path, how):
+    trainer = {"epochs": 2, "batch_size": 16, "checkpoint_every": 5, "num_workers": 2}
+    run, straight = make_run(tmp_path, "straight", TASK_ARGS, **trainer)
+    assert train(run, straight, log=lambda s: None)["status"] == states.COMPLETED
+
+    run, stopped = make_run(tmp_path, "stopped", {**TASK_ARGS, "step_sleep": 0.03}, **trainer)
+    proc = start_worker(stopped)
+    step = wait_for_checkpoint(proc, stopped, 5)
+    if how == "sigkill":
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    else:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == states.EXIT_CODES[states.INTERRUPTED]
+        step = checkpoint.load(stopped / layout.CHECKPOINTS / "last.pt")["step"]
+    assert step % 16, "the stop must land mid-epoch (16 steps an epoch)"
+    summary = train(run, stopped, log=lambda s: None)
+    assert summary["status"] == states.COMPLETED
+    assert summary["resumed_from_step"] >= step
+    assert_same_end(straight, stopped)
+    assert metrics_without_timing(straight) == metrics_without_timing(stopped)
