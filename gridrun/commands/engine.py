@@ -239,11 +239,13 @@ def cancel(runs: RunsArg, root: RootOption = DEFAULT_ROOT) -> None:
             typer.echo(f"{run_id}: {outcome}")
 
 
-def retry(runs: RunsArg, root: RootOption = DEFAULT_ROOT) -> None:
+def retry(runs: RunsArg, fresh: Annotated[bool, typer.Option(
+              "--fresh", help="Start over: delete the runs' checkpoints instead of resuming.")] = False,
+          root: RootOption = DEFAULT_ROOT) -> None:
     """Queue failed, diverged, out-of-memory or cancelled runs again (they resume from their checkpoint)."""
     with _store(root) as store:
-        for run_id, outcome in store.retry(_resolve(store, runs)).items():
-            typer.echo(f"{run_id}: {outcome}")
+        for run_id, outcome in store.retry(_resolve(store, runs), fresh=fresh).items():
+            typer.echo(f"{run_id}: {outcome}{' (from scratch)' * (fresh and outcome == 'queued')}")
 
 
 def pause(root: RootOption = DEFAULT_ROOT) -> None:

@@ -1,17 +1,32 @@
-"""Atomic checkpoints: a crash while writing leaves the previous one intact."""
+"""Checkpoints that can be trusted.
+
+Writes are atomic (a temporary file, fsynced, renamed), and `last.pt` keeps
+its predecessor as `prev.pt` until the new one is durable, so a crash at any
+moment, or a damaged file found later, leaves one good checkpoint to resume.
+Loading is `weights_only=True`; a file that does not load is named in one
+line, never answered with torch's advice to unpickle it unsafely.
+"""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+LAST, PREV, BEST = "last.pt", "prev.pt", "best.pt"
 
-def save(state: dict[str, Any], path: str | os.PathLike) -> None:
-    """Write to a temporary file in the same folder, fsync, rename, fsync the folder."""
+
+class CheckpointError(Exception):
+    """A checkpoint file that exists but cannot be used; the message is one line."""
+
+
+def save(state: dict[str, Any], path: str | os.PathLike, *, keep_previous: bool = False) -> None:
+    """Write to a temporary file in the same folder, fsync, rename, fsync the folder.
+    With `keep_previous`, the file being replaced becomes `prev.pt` first."""
     path = Path(path)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -20,6 +35,9 @@ def save(state: dict[str, Any], path: str | os.PathLike) -> None:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        if keep_previous and path.exists():
+            # a crash between the two renames leaves prev.pt and no last.pt: resumable
+            os.replace(path, path.with_name(PREV))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -32,8 +50,62 @@ def save(state: dict[str, Any], path: str | os.PathLike) -> None:
 
 
 def load(path: str | os.PathLike, device: torch.device | str = "cpu") -> dict[str, Any] | None:
-    """The checkpoint at `path`, or None when there is none."""
+    """The checkpoint at `path`, or None when there is none; CheckpointError when it is damaged."""
     path = Path(path)
-    if not path.exists():
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except FileNotFoundError:
         return None
-    return torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"{path} cannot be loaded: {_reason(exc)}") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} cannot be loaded: it holds a {type(state).__name__}, "
+                              "not a checkpoint")
+    return state
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if "weights_only" in str(exc) or isinstance(exc, EOFError) or not text:
+        # torch's text for an unreadable pickle suggests weights_only=False,
+        # i.e. running whatever code the file holds: never pass that on
+        text = "the file is damaged or not a checkpoint"
+    return f"{type(exc).__name__}: {text[:160]}"
+
+
+def load_resumable(folder: str | os.PathLike, device: torch.device | str,
+                   required: Iterable[str]) -> tuple[dict[str, Any] | None, list[str]]:
+    """The newest usable checkpoint of `folder` (last.pt, else prev.pt) and a
+    one-line problem for each file that exists but could not be used."""
+    folder = Path(folder)
+    problems: list[str] = []
+    for i, name in enumerate((LAST, PREV)):
+        try:
+            state = load(folder / name, device)
+            if state is not None:
+                missing = [k for k in required if k not in state]
+                if missing:
+                    raise CheckpointError(f"{folder / name} cannot be resumed: it lacks "
+                                          f"{', '.join(missing)} (written by another version?)")
+        except CheckpointError as err:
+            fallback = "; trying prev.pt" if i == 0 else ""
+            problems.append(f"{err}{fallback}")
+            continue
+        if state is not None:
+            return state, problems
+    return None, problems
+
+
+def remove_temporaries(folder: str | os.PathLike) -> list[Path]:
+    """Delete the `.NAME.*.tmp` files that writes killed midway left behind."""
+    removed = []
+    for tmp in Path(folder).glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
+
+
+def discard(folder: str | os.PathLike) -> None:
+    """Forget the resumable checkpoints of `folder` (a fresh start)."""
+    for name in (LAST, PREV):
+        (Path(folder) / name).unlink(missing_ok=True)

@@ -344,9 +344,10 @@ class Store:
                     out[run_id] = f"not cancelled: it is {self._status(db, run_id)}"
         return out
 
-    def retry(self, ids: Iterable[str]) -> dict[str, str]:
+    def retry(self, ids: Iterable[str], *, fresh: bool = False) -> dict[str, str]:
         """Queue ended runs (failed, diverged, oom, cancelled) again as a new
-        attempt; it resumes from its last checkpoint. Returns {id: outcome}."""
+        attempt; it resumes from its last checkpoint, or with `fresh` starts
+        over (its checkpoints are deleted at launch). Returns {id: outcome}."""
         out = {}
         with self._tx() as db:
             for run_id in ids:
@@ -354,7 +355,8 @@ class Store:
                 if row and self._update(db, run_id, RETRYABLE, status=states.QUEUED,
                                         attempt=row[1] + 1, queued_at=time.time(), retries=0,
                                         restarts=0, not_before=0, error=None, ended_at=None,
-                                        started_at=None, note=f"retried after {row[0]}"):
+                                        started_at=None, fresh=int(fresh),
+                                        note=f"retried {'from scratch ' * fresh}after {row[0]}"):
                     self._intent(db, "retry", run_id, outcome="queued")
                     out[run_id] = "queued"
                 else:

@@ -26,6 +26,10 @@ from gridrun.engine.seeding import rng_state, seed_everything, set_determinism, 
 from gridrun.engine.spec import RunSpec
 from gridrun.engine.tasks import Task, resolve
 
+# what a checkpoint must hold to resume from it (see save() in train)
+RESUME_KEYS = ("model", "optimizer", "scaler", "step", "epoch", "position", "best",
+               "pending_losses", "rng", "metrics_offset", "final", "train_loss")
+
 
 def resolve_precision(precision: str, device: torch.device) -> str:
     if precision != "auto":
@@ -82,8 +86,13 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         "tokens_per_s": None, "peak_memory_bytes": None, "started_at": started, "ended_at": None,
         "wall_time_s": None, "device": None, "torch_version": torch.__version__,
         "determinism": None, "precision": None, "error": None, "traceback": None,
-        "diverged_step": None, "resumed_from_step": None,
+        "diverged_step": None, "resumed_from_step": None, "warnings": [],
     }
+
+    def warn(message: str) -> None:
+        summary["warnings"].append(message)
+        log(f"warning: {message}")
+
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     summary["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     writer = None
@@ -128,7 +137,14 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         pending: list[torch.Tensor] = []  # per-micro-batch losses since the last log point
         layout.make_private_dir(run_dir)
         writer = MetricsWriter(run_dir / layout.METRICS)
-        state = None if fresh else checkpoint.load(ckpt_dir / "last.pt", device)
+        checkpoint.remove_temporaries(ckpt_dir)  # writes a kill cut short
+        if fresh:
+            checkpoint.discard(ckpt_dir)
+        state, problems = checkpoint.load_resumable(ckpt_dir, device, RESUME_KEYS)
+        for problem in problems:
+            warn(problem)
+        if problems and state is None:
+            warn("no checkpoint could be loaded: starting over from step 0")
         if state is None:
             writer.truncate(0)
             # readers (the interface's progress bar) learn the length before the first log point
@@ -155,7 +171,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
                 "pending_losses": torch.stack(pending).detach() if pending else torch.zeros(0),
                 "rng": rng_state(), "metrics_offset": writer.offset(),
                 "final": summary["final"], "train_loss": summary["train_loss"],
-            }, ckpt_dir / name)
+            }, ckpt_dir / name, keep_previous=name == checkpoint.LAST)
 
         def evaluate_and_track() -> bool:
             """Evaluate, log, keep best.pt; True when early stopping says stop."""
@@ -167,7 +183,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
                 return False
             if improved(values[metric], best["value"], direction):
                 best.update(value=values[metric], step=step, metrics=values, bad_evals=0)
-                save("best.pt")
+                save(checkpoint.BEST)
                 return False
             best["bad_evals"] += 1
             return bool(cfg["early_stop_patience"]) and best["bad_evals"] >= cfg["early_stop_patience"]
@@ -277,7 +293,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
                         log(f"diverged: non-finite loss or weights at step {bad_step}")
                         break
                     if checkpoint_now:
-                        save("last.pt")
+                        save(checkpoint.LAST)
                 if stopping:
                     status = states.INTERRUPTED
                     log(f"interrupted at step {step}: checkpoint saved")

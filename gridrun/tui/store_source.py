@@ -181,9 +181,10 @@ class StoreSource:
         return "; ".join(f"{i}: {o}" for i, o in list(out.items())[:4]) + \
             (f" (+{len(out) - 4} more)" if len(out) > 4 else "")
 
-    def retry(self, ids: Sequence[str]) -> str:
-        out = self.store.retry(ids)
-        return f"{sum(o == 'queued' for o in out.values())} of {len(out)} queued again"
+    def retry(self, ids: Sequence[str], fresh: bool = False) -> str:
+        out = self.store.retry(ids, fresh=fresh)
+        return (f"{sum(o == 'queued' for o in out.values())} of {len(out)} queued again"
+                + " from scratch" * fresh)
 
     def bump_priority(self, ids: Sequence[str], delta: int) -> str:
         self.store.set_priority(ids, delta, relative=True)

@@ -59,6 +59,22 @@ async def test_retry_priority_pause_start(make_app):
 
 
 @aio
+async def test_retry_from_scratch_asks_first(make_app):
+    app, src = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        app.main.table.move_cursor(row=4)  # failed
+        failed = app.main.table.current
+        await pilot.press("R")
+        assert isinstance(app.screen, Confirm)
+        await pilot.press("n")
+        assert src.actions == []
+        await pilot.press("R", "y")
+        await until(pilot, lambda: src.actions)
+        assert src.actions == [("retry", (failed.id,), True)]
+
+
+@aio
 async def test_start_engine_key_only_when_stopped(make_app):
     from gridrun.tui.source import EngineState, Update
     app, src = make_app()

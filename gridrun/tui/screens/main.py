@@ -30,6 +30,7 @@ class MainScreen(Screen):
         Binding("a", "queue", "queue file"),
         Binding("c", "cancel", "cancel"),
         Binding("r", "retry", "retry"),
+        Binding("R", "retry(True)", "retry from scratch", show=False),
         Binding("plus,equals_sign", "priority(1)", "prio+", key_display="+"),
         Binding("minus", "priority(-1)", "prio-", key_display="-"),
         Binding("p", "pause", "pause/resume"),
@@ -154,8 +155,19 @@ class MainScreen(Screen):
                 self.act("cancel", ids)
         self.app.push_screen(Confirm(question), done)
 
-    def action_retry(self) -> None:
-        self.act("retry", [i for i in self.table.selection if self.table.runs[i].status in RETRYABLE])
+    def action_retry(self, fresh: bool = False) -> None:
+        ids = [i for i in self.table.selection if self.table.runs[i].status in RETRYABLE]
+        if not fresh:
+            self.act("retry", ids)
+            return
+        from gridrun.tui.screens.dialogs import Confirm
+        question = f"Start {len(ids)} run{'s' * (len(ids) != 1)} ({', '.join(ids[:3])}" \
+                   f"{'…' if len(ids) > 3 else ''}) over from scratch? Their checkpoints are deleted."
+
+        def done(yes: bool | None) -> None:
+            if yes:
+                self.act("retry", ids, True)
+        self.app.push_screen(Confirm(question), done)
 
     def action_priority(self, delta: int) -> None:
         self.act("bump_priority", self.table.selection, delta)
