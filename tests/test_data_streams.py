@@ -5,6 +5,7 @@ started (SIGKILL and SIGTERM mid-epoch, with workers)."""
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
@@ -114,3 +115,43 @@ def test_mid_epoch_stop_with_workers_resumes_exactly(tmp_path, how):
     assert summary["resumed_from_step"] >= step
     assert_same_end(straight, stopped)
     assert metrics_without_timing(straight) == metrics_without_timing(stopped)
+
+
+@pytest.mark.slow
+def test_engine_stop_mid_epoch_with_workers_resumes_exactly(tmp_path):
+    """`gridrun engine stop` (SIGTERM to the run through the real engine) while a
+    user-style task trains with 2 workers; the restarted engine resumes it."""
+    from test_engine_kit import finished, kill_quietly, wait_for
+    from test_engine_kit import make_run as engine_run
+    from test_engine_kit import metrics_without_timing as engine_metrics
+
+    from gridrun.engine import daemon
+    from gridrun.engine.store import Store
+
+    args = {**TASK_ARGS, "train_size": 512, "step_sleep": 0.03}
+    trainer = {"epochs": 2, "batch_size": 16, "checkpoint_every": 5, "num_workers": 2}
+    run, straight = make_run(tmp_path, "straight", {**args, "step_sleep": 0.0}, **trainer)
+    assert train(run, straight, log=lambda s: None)["status"] == states.COMPLETED
+
+    root = tmp_path / "runs"
+    queued = engine_run("helper_tasks:slow", seed=run.seed, task_args=args, **run.trainer)
+    ckpt = layout.run_dir(root, queued.experiment, queued.id) / layout.CHECKPOINTS / "last.pt"
+    try:
+        with Store(root) as store:
+            store.enqueue([queued])
+            daemon.start(root)
+            wait_for(lambda: ckpt.exists() and checkpoint.load(ckpt)["step"] >= 5, timeout=120)
+            assert daemon.stop(root)
+            step = checkpoint.load(ckpt)["step"]
+            assert step % 32, "the stop must land mid-epoch (32 steps an epoch)"
+            assert store.get_run(queued.id).status == states.QUEUED
+            daemon.start(root)
+            wait_for(lambda: finished(store, [queued.id]), timeout=180)
+            assert store.get_run(queued.id).status == states.COMPLETED
+            daemon.stop(root)
+    finally:
+        kill_quietly(daemon.status(root).pid)
+    run_dir = layout.run_dir(root, queued.experiment, queued.id)
+    assert json.loads((run_dir / layout.SUMMARY).read_text())["resumed_from_step"] == step
+    assert engine_metrics(root, queued) == metrics_without_timing(straight)
+    assert_same_end(straight, run_dir)
