@@ -44,9 +44,9 @@ def provenance(cwd: Path | None = None) -> dict:
 
 
 def _store(root: Path):
-    from gridrun.engine.store import Store
+    from gridrun.commands.common import open_store
 
-    return Store(root)
+    return open_store(root)
 
 
 def _resolve(store, prefixes: list[str]) -> list[str]:

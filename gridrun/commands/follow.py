@@ -35,15 +35,15 @@ def _progress(run, root: Path, offsets: dict, last: dict) -> str:
 
 def follow(root: Path, ids: list[str], *, live: bool, interval: float = 0.5) -> bool:
     """Until every run in `ids` has ended; True if all completed. Ctrl-C raises KeyboardInterrupt."""
+    from gridrun.commands.common import open_store
     from gridrun.engine import daemon, states
-    from gridrun.engine.store import Store
 
     offsets: dict = {}
     last: dict = {}
     drawn = 0
     previous = None
     next_engine_check = 0.0
-    with Store(root) as store:
+    with open_store(root) as store:  # damage found while following: one line, exit 2
         while True:
             runs = store.list_runs(ids=ids)
             counts: dict[str, int] = {}

@@ -11,14 +11,19 @@ from typing import Annotated
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
 
 
 def open_app(root: Path, file: Path | None = None) -> None:
+    from gridrun.engine.store import StoreDamaged
     from gridrun.tui.app import GridrunApp
     from gridrun.tui.store_source import StoreSource
 
-    app = GridrunApp(StoreSource(root))
+    try:
+        source = StoreSource(root)
+    except StoreDamaged as e:  # damage found later shows as the bridge's notification
+        fail(str(e))
+    app = GridrunApp(source)
     if file is not None:
         app.queue_on_start = str(file)
     app.run()

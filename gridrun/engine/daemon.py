@@ -164,8 +164,9 @@ class StoppedWhileStarting(BaseException):
 def serve(root: Path, **engine_options: Any) -> int:
     """The engine process itself (run by `start`, or in the foreground)."""
     from gridrun.engine.backends.registry import BackendError, make_backend, slots_for_backend
+    from gridrun.engine.doctor import lost_queue_warning
     from gridrun.engine.scheduler import Engine
-    from gridrun.engine.store import Store
+    from gridrun.engine.store import Store, StoreDamaged
 
     root = Path(root).resolve()
     layout.make_private_dir(root)
@@ -210,7 +211,11 @@ def serve(root: Path, **engine_options: Any) -> int:
         except BackendError as e:
             log.error("%s", e)
             return 2
-        engine = Engine(root, backend, slots_for_backend(backend, config), store=Store(root),
+        store = Store(root)
+        lost = lost_queue_warning(root, store)
+        if lost:
+            log.warning("%s", lost)
+        engine = Engine(root, backend, slots_for_backend(backend, config), store=store,
                         telemetry=make_telemetry(), **engine_options)
         try:
             engine.start()
@@ -226,6 +231,12 @@ def serve(root: Path, **engine_options: Any) -> int:
         log.info("engine %d started on %s, backend %s, slots %s", pid, root, config.backend,
                  ", ".join(s.name for s in engine.slots) or "from the cluster")
         engine.run()
+    except StoreDamaged as e:
+        log.error("%s", e)  # the one line `start` reports
+        if backend is not None:
+            with contextlib.suppress(Exception):
+                backend.close()
+        return 2
     except StoppedWhileStarting:
         log.info("stopped while starting")
         if backend is not None:

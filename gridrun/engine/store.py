@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sqlite3
 import threading
 import time
@@ -58,6 +59,55 @@ MIGRATIONS = [
     INSERT INTO state VALUES ('seq', '0'), ('paused', 'false');
     """,
 ]
+
+
+class StoreDamaged(Exception):
+    """The store's file cannot be read. str() is one line: which file, what is
+    wrong with it, and what to do."""
+
+
+# SQLite's own words for a file that is not (or no longer) a readable database;
+# anything else (busy, locked, a bad statement) is not damage and passes as is.
+_DAMAGE = ("SQLITE_NOTADB", "SQLITE_CORRUPT", "SQLITE_IOERR")
+
+
+def _damage(path: Path, error: BaseException) -> StoreDamaged | None:
+    """The StoreDamaged that `error` (or the error it happened in) means, if any."""
+    while error is not None and not (isinstance(error, sqlite3.DatabaseError) and
+                                     (getattr(error, "sqlite_errorname", "") or "").startswith(_DAMAGE)):
+        error = error.__context__
+    if error is None:
+        return None
+    root = shlex.quote(str(path.parent))
+    rebuild = (f"`gridrun doctor --rebuild --root {root}` moves it aside and rebuilds the queue "
+               "from the run folders")
+    name = error.sqlite_errorname
+    if name.startswith("SQLITE_IOERR"):
+        return StoreDamaged(
+            f"{path} cannot be read ({error}): its {path.name}-wal was probably deleted while "
+            f"the engine had it open; if the engine runs, `gridrun engine stop --root {root}` "
+            f"writes its copy back, then try again; if it persists, {rebuild}")
+    what = "is not a SQLite database" if name == "SQLITE_NOTADB" else "is damaged"
+    return StoreDamaged(f"{path} {what} ({error}): the queue cannot be read; {rebuild}")
+
+
+class _Guard:
+    """The store's lock (calls are serialised), which also turns SQLite's
+    errors for a damaged file into one StoreDamaged, wherever they surface: a
+    deleted -wal shows only when a query reaches a page it held."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self._lock = path, threading.RLock()
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, kind: type | None, error: BaseException | None, tb: Any) -> None:
+        self._lock.release()
+        damaged = None if error is None or isinstance(error, StoreDamaged) else \
+            _damage(self.path, error)
+        if damaged is not None:
+            raise damaged from error
 
 
 class RunNotFound(KeyError):
@@ -157,14 +207,19 @@ class Store:
         if not self.path.exists():
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
         os.chmod(self.path, 0o600)
-        self._lock = threading.RLock()
+        self._lock = _Guard(self.path)
         self._db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None,
                                    check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-        self._wal(timeout)
-        self._db.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: durable across crashes of us
-        self._migrate()
+        try:
+            with self._lock:
+                self._db.row_factory = sqlite3.Row
+                self._db.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+                self._wal(timeout)
+                self._db.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: durable across crashes of us
+                self._migrate()
+        except BaseException:
+            self._db.close()
+            raise
 
     def _wal(self, timeout: float) -> None:
         # Switching to WAL (or opening while the last connection closes the WAL)
@@ -196,7 +251,8 @@ class Store:
             try:
                 yield self._db
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:  # a damaged file may have ended it already
+                    self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
 
@@ -271,6 +327,17 @@ class Store:
                                     (seq,)).fetchall()
         runs = [_run(r) for r in rows]
         return runs, max([seq, *(r.seq for r in runs)])
+
+    def has_runs(self) -> bool:
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM runs LIMIT 1").fetchone() is not None
+
+    def check(self) -> list[str]:
+        """SQLite's `quick_check` of every page: [] when the file is sound, else
+        its complaints (StoreDamaged when it cannot even be read)."""
+        with self._lock:
+            rows = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()]
+        return [] if rows == ["ok"] else rows
 
     def counts(self) -> dict[str, int]:
         with self._lock:

@@ -13,7 +13,14 @@ from textual import work
 from textual.app import App
 from textual.worker import Worker, WorkerState, get_current_worker
 
-from gridrun.tui.bridge import Bridge, EngineStateChanged, GpuSampled, MetricsArrived, RunsChanged
+from gridrun.tui.bridge import (
+    Bridge,
+    EngineStateChanged,
+    GpuSampled,
+    MetricsArrived,
+    RunsChanged,
+    SourceNoticed,
+)
 from gridrun.tui.screens.main import MainScreen
 from gridrun.tui.source import Source
 
@@ -76,6 +83,9 @@ class GridrunApp(App[None]):
 
     def on_gpu_sampled(self, message: GpuSampled) -> None:
         self.main.machine_sampled(message.machine)
+
+    def on_source_noticed(self, message: SourceNoticed) -> None:
+        self.notify(message.text, title="store", severity="warning", timeout=30)
 
     def on_metrics_arrived(self, message: MetricsArrived) -> None:
         for screen in self.screen_stack:

@@ -53,6 +53,14 @@ class EngineStateChanged(Message):
         return isinstance(message, EngineStateChanged)
 
 
+class SourceNoticed(Message):
+    """A warning from the source, shown once (e.g. the store lost its queue)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+
 class Bridge:
     """Polls `source`; `watch(run_id)` adds a run whose metrics to follow."""
 
@@ -79,6 +87,8 @@ class Bridge:
             out.append(EngineStateChanged(update.engine))
         if update.machine is not None:
             out.append(GpuSampled(update.machine))
+        if update.notice:
+            out.append(SourceNoticed(update.notice))
         with self._lock:
             watched = dict(self._offsets)
         for run_id, offset in watched.items():

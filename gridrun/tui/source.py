@@ -77,6 +77,7 @@ class Update:
     runs: tuple[RunRow, ...] = ()
     engine: EngineState | None = None
     machine: Machine | None = None
+    notice: str | None = None  # something the user must know, e.g. an empty store beside run folders
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.engine import layout, runlog
+from gridrun.engine.doctor import lost_queue_warning
 from gridrun.engine.store import Run, Store
 from gridrun.tui.source import EngineState, GpuRow, Machine, Plan, RunDetail, RunRow, Table, Update
 
@@ -92,6 +93,7 @@ class StoreSource:
         self._telemetry_t = 0.0
         self._history: dict[str, deque[float]] = {}
         self._engine: EngineState | None = None
+        self._first = True  # the first poll warns of an empty store beside run folders
 
     # ---- polling ------------------------------------------------------------------
 
@@ -108,8 +110,9 @@ class StoreSource:
         for run_id, live in self.live.items():
             if live.read() or run_id in out:
                 out[run_id] = self.rows[run_id] = live.merge(self.rows[run_id])
+        notice, self._first = (lost_queue_warning(self.root, self.store) if self._first else None), False
         return Update(runs=tuple(out.values()), engine=self._engine_state(),
-                      machine=self._machine())
+                      machine=self._machine(), notice=notice)
 
     def _engine_state(self) -> EngineState | None:
         from gridrun.engine import daemon

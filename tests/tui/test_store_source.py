@@ -120,3 +120,38 @@ def test_detail_and_output_tail(tmp_path):
     assert src.output_tail(s.id, 100).endswith("last line\n")
     assert len(src.output_tail(s.id, 100)) == 100
     assert json.dumps(d.summary)
+
+
+def lost_queue_root(tmp_path):
+    """Run folders with no store beside them: the queue was lost (a deleted or truncated gridrun.db)."""
+    from gridrun.engine.spec import write_run_config
+
+    for seed in (0, 1):
+        folder = layout.make_private_dir(layout.run_dir(tmp_path, "exp", spec(seed).id))
+        write_run_config(folder / layout.CONFIG, spec(seed))
+    return tmp_path
+
+
+def test_an_empty_store_beside_run_folders_is_noticed_once(tmp_path):
+    src = StoreSource(lost_queue_root(tmp_path))
+    first = src.poll()
+    assert first.runs == () and "the store has no runs but" in first.notice
+    assert "holds 2 run folders" in first.notice and "gridrun doctor --rebuild" in first.notice
+    assert src.poll().notice is None
+
+
+@aio
+async def test_the_interface_shows_the_lost_queue_warning(tmp_path):
+    app = GridrunApp(StoreSource(lost_queue_root(tmp_path)), live=False)
+    noticed, notify = [], app.notify
+
+    def recording(message, **kwargs):
+        noticed.append((message, kwargs.get("severity")))
+        notify(message, **kwargs)
+
+    app.notify = recording
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await until(pilot, lambda: noticed)
+        (text, severity), = noticed
+        assert "holds 2 run folders" in text and severity == "warning"

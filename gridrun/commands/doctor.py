@@ -1,0 +1,69 @@
+"""`gridrun doctor`: check the machine, the root and the store; `--rebuild` the queue."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
+
+
+def doctor(root: RootOption = DEFAULT_ROOT,
+           rebuild: Annotated[bool, typer.Option(
+               "--rebuild", help="Move the store aside (gridrun.db.damaged-TIME) and rebuild the "
+               "queue's history from the run folders. Refused while the engine runs.")] = False,
+           force: Annotated[bool, typer.Option(
+               "--force", help="With --rebuild: replace a store that reads fine too.")] = False,
+           as_json: Annotated[bool, typer.Option("--json", help="The checks as one JSON array.")] = False,
+           ) -> None:
+    """Check the store (SQLite integrity), the root's owner and modes, stale locks, the
+    engine's heartbeat, leftover temporary files and the GPU set-up. Exit 1 if a check fails."""
+    from gridrun.engine import doctor as checks
+
+    if rebuild:
+        _rebuild(root, force, as_json)
+        return
+    results = checks.run_checks(root)
+    if as_json:
+        typer.echo(json.dumps([c.to_dict() for c in results], indent=1))
+    else:
+        for c in results:
+            typer.echo(f"{c.status:<4}  {c.name:<11}  {c.message}")
+    raise typer.Exit(1 if any(c.status == checks.FAIL for c in results) else 0)
+
+
+def _rebuild(root, force: bool, as_json: bool) -> None:
+    from gridrun.engine import doctor as checks
+
+    try:
+        out = checks.rebuild(root, force=force)
+    except checks.RebuildRefused as e:
+        fail(str(e))
+    if as_json:
+        typer.echo(json.dumps({"moved": [str(p) for p in out.moved], "restored": out.restored,
+                               "resumes": out.resumes, "stopped": out.stopped,
+                               "skipped": [{"folder": str(p), "why": why} for p, why in out.skipped]}))
+        return
+    if out.moved:
+        typer.echo(f"moved the old store aside: {', '.join(str(p) for p in out.moved)}")
+    total = sum(out.restored.values())
+    typer.echo(f"restored {total} run{'s' * (total != 1)}"
+               + (": " + ", ".join(f"{n} {s}" for s, n in sorted(out.restored.items())) if total else ""))
+    if out.resumes:
+        typer.echo(f"{out.resumes} queued run{'s' * (out.resumes != 1)} resume from a checkpoint "
+                   f"when the engine starts (`gridrun engine start --root {root}`)")
+    if out.stopped:
+        typer.echo(f"{out.stopped} run{'s' * (out.stopped != 1)} stopped mid-run (interrupted or "
+                   "cancelled: the folders do not say which) restored as cancelled; "
+                   "`gridrun retry ID` resumes one")
+    if out.skipped:
+        typer.echo(f"skipped {len(out.skipped)} folder{'s' * (len(out.skipped) != 1)}: "
+                   + "; ".join(f"{p}: {why}" for p, why in out.skipped))
+    typer.echo("not in the folders, so not restored: priorities, git provenance, and queued runs "
+               "that had not started")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(doctor)

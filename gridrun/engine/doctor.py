@@ -1,0 +1,424 @@
+"""Checks of the machine, the root and the store (`gridrun doctor`), and the
+rebuild of a lost or damaged store from the run folders (`--rebuild`).
+
+Each check returns one `Check`: ok, warn or FAIL and one line that says what to
+do. Nothing here imports torch at the top (the GPU check does, inside), and
+nothing here speaks SQL: the store does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shlex
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gridrun.engine import layout, states
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+COUNT_LIMIT = 100_000  # run folders counted for the "lost queue" warning, at most
+HEARTBEAT_STALE_S = 30.0
+SHOW = 5  # paths shown in a line; --json lists them all
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | FAIL
+    message: str
+    paths: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.name, "status": self.status, "message": self.message,
+                "paths": list(self.paths)}
+
+
+def _q(path: Path) -> str:
+    return shlex.quote(str(path))
+
+
+def _subdirs(path: Path) -> Iterator[Path]:
+    """Real folders in `path` (never a symlink), dot-folders left out."""
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return
+    for e in sorted(entries, key=lambda e: e.name):
+        with contextlib.suppress(OSError):
+            if not e.name.startswith(".") and e.is_dir(follow_symlinks=False):
+                yield Path(e.path)
+
+
+def run_dirs(root: str | os.PathLike) -> Iterator[Path]:
+    """ROOT/<experiment>/<run_id> folders that hold a config.toml."""
+    for exp in _subdirs(Path(root)):
+        for run in _subdirs(exp):
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(os.lstat(run / layout.CONFIG).st_mode):
+                    yield run
+
+
+def count_run_dirs(root: str | os.PathLike, limit: int = COUNT_LIMIT) -> int:
+    n = 0
+    for _ in run_dirs(root):
+        n += 1
+        if n >= limit:
+            break
+    return n
+
+
+def lost_queue_warning(root: str | os.PathLike, store: Any) -> str | None:
+    """One line when the store has no runs but the root holds run folders."""
+    if store.has_runs():
+        return None
+    n = count_run_dirs(root)
+    if not n:
+        return None
+    more = "+" if n >= COUNT_LIMIT else ""
+    return (f"the store has no runs but {root} holds {n}{more} run folder{'s' * (n != 1)}: "
+            f"the queue may have been lost; `gridrun doctor --rebuild --root {_q(Path(root))}` "
+            "restores it")
+
+
+# ---- the checks ------------------------------------------------------------------------
+
+def check_root(root: Path) -> Check:
+    """The root, what is in it and its run folders: the user's, not writable by others."""
+    if not root.exists():
+        return Check("root", OK, f"{root} does not exist yet (created 0700 at the first queue)")
+    uid, foreign, writable, links = os.getuid(), [], [], []
+    paths = [root, *(p for p in _children(root)), *(r for e in _subdirs(root) for r in _children(e))]
+    for i, path in enumerate(paths):
+        try:
+            st = os.lstat(path) if i else os.stat(path)
+        except OSError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            links.append(path)
+        elif st.st_uid != uid:
+            foreign.append(path)
+        elif st.st_mode & 0o022:
+            writable.append(path)
+    if foreign:
+        return Check("root", FAIL, f"{_n(foreign, 'path')} under {root} belong to another user "
+                     f"(first: {foreign[0]}); use a root of your own, or have its owner run "
+                     f"`chown -R {os.getuid()} {_q(root)}`", tuple(map(str, foreign)))
+    if writable:
+        fix = f"chmod go-w {_q(writable[0])}" if len(writable) == 1 else f"chmod -R go-w {_q(root)}"
+        return Check("root", FAIL, f"{_n(writable, 'path')} under {root} can be written by group "
+                     f"or others (first: {writable[0]}, {stat.filemode(os.stat(writable[0]).st_mode)})"
+                     f": another user could plant files there; `{fix}`", tuple(map(str, writable)))
+    if links:
+        return Check("root", FAIL, f"{_n(links, 'symbolic link')} inside {root} (first: {links[0]} "
+                     f"-> {os.readlink(links[0])}): gridrun never writes through one; remove "
+                     f"{'it' if len(links) == 1 else 'them'}", tuple(map(str, links)))
+    return Check("root", OK, f"{root}: yours, not writable by group or others")
+
+
+def _children(path: Path) -> list[Path]:
+    try:
+        return sorted(Path(e.path) for e in os.scandir(path))
+    except OSError:
+        return []
+
+
+def _n(items: list, noun: str) -> str:
+    return f"{len(items)} {noun}{'s' * (len(items) != 1)}"
+
+
+def check_store(root: Path) -> tuple[Check, Any]:
+    """SQLite's quick_check; a lost queue. Returns the open store too (or None)."""
+    from gridrun.engine.store import Store, StoreDamaged
+
+    db = root / layout.DB_NAME
+    if not db.is_file():
+        n = count_run_dirs(root) if root.is_dir() else 0
+        if n:
+            return Check("store", WARN, f"{db} is missing but {root} holds {n} run folder"
+                         f"{'s' * (n != 1)}; `gridrun doctor --rebuild --root {_q(root)}` "
+                         "restores the queue"), None
+        return Check("store", OK, f"no store yet at {db} (nothing queued)"), None
+    try:
+        store = Store(root)
+        problems = store.check()
+    except StoreDamaged as e:
+        return Check("store", FAIL, str(e)), None
+    if problems:
+        store.close()
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        return Check("store", FAIL, f"{db} fails SQLite's integrity check: {problems[0]}{more}; "
+                     f"`gridrun doctor --rebuild --root {_q(root)}` moves it aside and rebuilds "
+                     "the queue from the run folders"), None
+    lost = lost_queue_warning(root, store)
+    if lost:
+        return Check("store", WARN, lost), store
+    counts = store.counts()
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs"
+    return Check("store", OK, f"{db}: integrity ok; {summary}"), store
+
+
+def check_engine(root: Path) -> Check:
+    """engine.pid and engine.lock: a dead engine's leftovers, a lock nobody can take."""
+    from gridrun.engine import daemon
+
+    st = daemon.status(root)
+    pid_file = root / daemon.PID
+    holder = _lock_holder(root / daemon.LOCK)
+    if st.running:
+        return Check("engine", OK, f"engine running (pid {st.pid})"
+                     + (", starting its backend" if st.starting else ""))
+    if holder is not None:
+        return Check("engine", FAIL, f"{root / daemon.LOCK} is held (taken by pid {holder}) but no "
+                     "engine runs: a process the engine started still holds it and no engine can "
+                     f"start; `fuser -v {_q(root / daemon.LOCK)}` names it")
+    if pid_file.exists():
+        return Check("engine", WARN, f"stale {pid_file}: the engine it names is gone (killed?); "
+                     "the next `gridrun engine start` replaces it; queued runs are safe")
+    return Check("engine", OK, "engine not running; no stale pid file or lock")
+
+
+def _lock_holder(lock: Path) -> int | None:
+    """The pid /proc/locks names for a flock on `lock` (Linux), without touching the lock."""
+    try:
+        ino = os.stat(lock).st_ino
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5].rsplit(":", 1)[-1] == str(ino):
+            with contextlib.suppress(ValueError):
+                return int(parts[4])
+    return None
+
+
+def check_heartbeat(root: Path, store: Any) -> Check:
+    from gridrun.engine import daemon
+
+    if store is None:
+        return Check("heartbeat", WARN, "not checked: the store cannot be read")
+    beat = store.get_state("engine_heartbeat")
+    st = daemon.status(root)
+    if not isinstance(beat, dict) or not isinstance(beat.get("t"), int | float):
+        return Check("heartbeat", OK, "no heartbeat recorded")
+    age = max(0.0, time.time() - beat["t"])
+    if not st.running:
+        return Check("heartbeat", OK, f"engine not running; its last heartbeat was {age:.0f} s ago")
+    if beat.get("pid") == st.pid and age > HEARTBEAT_STALE_S:
+        return Check("heartbeat", FAIL, f"the engine (pid {st.pid}) has not responded for "
+                     f"{age:.0f} s (stopped with SIGSTOP? `kill -CONT {st.pid}`; stuck? "
+                     f"`gridrun engine stop --force --root {_q(root)}`)")
+    if beat.get("pid") != st.pid:
+        return Check("heartbeat", WARN, f"the running engine (pid {st.pid}) has not written a "
+                     f"heartbeat yet (the last one, {age:.0f} s ago, came from pid {beat.get('pid')})")
+    return Check("heartbeat", OK, f"the engine answered {age:.1f} s ago")
+
+
+def check_temporaries(root: Path, store: Any) -> Check:
+    """Half-written files of killed writes (checkpoints, summaries), outside running runs."""
+    running = set()
+    if store is not None:
+        running = {r.id for r in store.list_runs(status=states.RUNNING)}
+    found = [p for p in _children(root) if p.name.endswith(".tmp") and p.is_file()]
+    for run in run_dirs(root):
+        if run.name in running:
+            continue
+        for folder in (run, run / layout.CHECKPOINTS):
+            found += [p for p in _children(folder) if p.name.endswith(".tmp")
+                      and not p.is_symlink() and p.is_file()]
+    if not found:
+        return Check("temporaries", OK, "no leftover temporary files")
+    shown = ", ".join(map(str, found[:SHOW])) + (f" (+{len(found) - SHOW} more)" if len(found) > SHOW else "")
+    return Check("temporaries", WARN, f"{_n(found, 'leftover temporary file')} of killed writes, "
+                 f"safe to delete: {shown}", tuple(map(str, found)))
+
+
+def check_gpu() -> Check:
+    """NVML's GPUs against torch's: a CPU machine is fine; a GPU torch cannot use is not."""
+    from gridrun.engine.telemetry import Telemetry
+
+    telemetry = Telemetry()
+    nvml = telemetry.gpu_count
+    telemetry.close()
+    try:
+        import torch
+    except ImportError:
+        return Check("gpu", WARN, f"torch is not installed; NVML sees {nvml} GPU(s)")
+    cuda = torch.cuda.is_available()
+    seen = torch.cuda.device_count() if cuda else 0
+    build = f"torch {torch.__version__}, CUDA {torch.version.cuda or 'none (CPU build)'}"
+    if not nvml and not cuda:
+        return Check("gpu", OK, f"no GPU ({telemetry.error or 'none found'}): runs use the CPU; {build}")
+    if nvml and not cuda:
+        return Check("gpu", FAIL, f"NVML sees {nvml} GPU(s) but torch cannot use CUDA ({build}): "
+                     "install a CUDA build of torch that matches the driver")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if nvml and seen != nvml and visible is None:
+        return Check("gpu", WARN, f"NVML sees {nvml} GPU(s) but torch sees {seen} ({build})")
+    names = ", ".join(sorted({torch.cuda.get_device_name(i) for i in range(seen)}))
+    return Check("gpu", OK, f"{seen} GPU(s) usable by torch ({names}); NVML sees {nvml}"
+                 + (f"; CUDA_VISIBLE_DEVICES={visible}" if visible is not None else "")
+                 + f"; {build}")
+
+
+def run_checks(root: str | os.PathLike, *, gpu: bool = True) -> list[Check]:
+    root = Path(root)
+    checks = [check_root(root)]  # first: opening the store would fix its mode
+    store_check, store = check_store(root)
+    try:
+        checks += [store_check, check_engine(root), check_heartbeat(root, store),
+                   check_temporaries(root, store)]
+    finally:
+        if store is not None:
+            store.close()
+    if gpu:
+        checks.append(check_gpu())
+    return checks
+
+
+# ---- rebuild ---------------------------------------------------------------------------
+
+class RebuildRefused(Exception):
+    """str() is the one line that says why and what to do."""
+
+
+@dataclass
+class Rebuilt:
+    moved: list[Path] = field(default_factory=list)  # the old store's files, moved aside
+    restored: dict[str, int] = field(default_factory=dict)  # status -> runs
+    resumes: int = 0  # queued runs that resume from a checkpoint
+    stopped: int = 0  # stopped mid-run: restored as cancelled, `gridrun retry` resumes them
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Found:
+    spec: Any
+    status: str
+    fields: dict[str, Any]
+    order: float
+
+
+def rebuild(root: str | os.PathLike, *, force: bool = False) -> Rebuilt:
+    """Move the store aside and rebuild the queue's history from the run folders.
+
+    Holds the engine's lock meanwhile, so no engine starts on a half-built store.
+    A store that reads fine and has runs is kept unless `force` (queued runs
+    that never started have no folder, so only the store knows them).
+    """
+    from gridrun.engine import daemon
+    from gridrun.engine.store import Store, StoreDamaged
+
+    root = Path(root)
+    if not root.is_dir():
+        raise RebuildRefused(f"{root} is not a folder: nothing to rebuild from")
+    st = daemon.status(root)
+    if st.running:
+        raise RebuildRefused(f"the engine runs on {root} (pid {st.pid}): stop it first with "
+                             f"`gridrun engine stop --root {_q(root)}`, then rebuild")
+    lock = os.open(root / daemon.LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise RebuildRefused(f"{root / daemon.LOCK} is held: an engine is starting or a "
+                                 f"process it started still runs; see `gridrun doctor --root "
+                                 f"{_q(root)}`") from None
+        db = root / layout.DB_NAME
+        if db.exists() and not force:
+            with contextlib.suppress(StoreDamaged), Store(root) as store:
+                if not store.check() and store.has_runs():
+                    n = sum(store.counts().values())
+                    raise RebuildRefused(
+                        f"{db} reads fine and holds {n} runs; a rebuild would keep only what the "
+                        "run folders hold (queued runs that never started would be dropped); "
+                        "add --force to rebuild anyway")
+        out = Rebuilt(moved=_move_aside(db))
+        found = []
+        for run_dir in run_dirs(root):
+            try:
+                found.append(_read_folder(run_dir))
+            except Exception as e:  # a folder we cannot read is reported, never a crash
+                out.skipped.append((run_dir, f"{type(e).__name__}: {e}".splitlines()[0]))
+        found.sort(key=lambda f: f.order)
+        with Store(root) as store:
+            store.enqueue([f.spec for f in found])
+            for f in found:
+                store.transition(f.spec.id, states.QUEUED, f.status, **f.fields)
+                out.restored[f.status] = out.restored.get(f.status, 0) + 1
+                out.resumes += f.status == states.QUEUED and "checkpoint" in f.fields["note"]
+                out.stopped += "stopped mid-run" in f.fields["note"]
+        return out
+    finally:
+        os.close(lock)
+
+
+def _move_aside(db: Path) -> list[Path]:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = db.with_name(f"{db.name}.damaged-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = db.with_name(f"{db.name}.damaged-{stamp}-{n}")
+    moved = []
+    for suffix in ("", "-wal", "-shm"):  # the pair keeps SQLite's names: it opens as it was
+        src = db.with_name(db.name + suffix)
+        if src.exists():
+            dst = target.with_name(target.name + suffix)
+            os.replace(src, dst)
+            moved.append(dst)
+    return moved
+
+
+def _read_folder(run_dir: Path) -> _Found:
+    """A run folder -> its spec and the state the store would have given it."""
+    from gridrun.engine.scheduler import output_tail
+    from gridrun.engine.spec import read_run_config
+
+    spec = read_run_config(run_dir / layout.CONFIG)
+    if (spec.experiment, spec.id) != (run_dir.parent.name, run_dir.name):
+        raise ValueError(f"its config.toml is run {spec.experiment}/{spec.id}")
+    summary = None
+    with contextlib.suppress(OSError, ValueError):
+        summary = json.loads((run_dir / layout.SUMMARY).read_text())
+    if not isinstance(summary, dict):
+        summary = None
+    mtime = os.stat(run_dir / layout.CONFIG).st_mtime
+    checkpoint = (run_dir / layout.CHECKPOINTS / "last.pt").is_file()
+    if summary is None:
+        note = "rebuilt: " + ("resumes from its checkpoint" if checkpoint else "starts from scratch")
+        return _Found(spec, states.QUEUED, {"note": note, "queued_at": mtime}, mtime)
+    s = summary
+    status = s.get("status")
+    started, ended = _time(s.get("started_at")), _time(s.get("ended_at"))
+    common = {"summary": s, "started_at": started, "ended_at": ended or mtime,
+              "queued_at": started or mtime}
+    order = started or mtime
+    if status == states.COMPLETED:
+        return _Found(spec, status, {**common, "note": "completed (rebuilt)"}, order)
+    if status in (states.INTERRUPTED, states.CANCELLED):
+        # a cancelled running run also ends "interrupted" in its folder: never run it again unasked
+        return _Found(spec, states.CANCELLED, {**common, "note": "rebuilt: stopped mid-run "
+                      "(interrupted or cancelled); `gridrun retry` resumes it"}, order)
+    error = "\n".join(str(x) for x in (s.get("error"), s.get("traceback")) if x) or None
+    if status == states.FAILED:
+        tail = output_tail(run_dir)
+        error = (error or "failed") + ("\n\n--- last lines of output.log ---\n" + tail if tail else "")
+        return _Found(spec, status, {**common, "error": error, "note": "failed (rebuilt)"}, order)
+    if status == states.DIVERGED:
+        return _Found(spec, status, {**common, "error": error,
+                                     "note": f"diverged at step {s.get('diverged_step')} (rebuilt)"}, order)
+    if status == states.OOM:
+        return _Found(spec, status, {**common, "error": error, "note": "out of memory (rebuilt)"}, order)
+    raise ValueError(f"its summary.json says status {status!r}")
+
+
+def _time(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
