@@ -150,14 +150,15 @@ def test_the_example_passes_in_under_a_second_per_task():
     assert code == 0 and out.splitlines()[-1].startswith("task check passed: 3 task configurations")
 
 
-def test_the_check_leaves_the_global_random_state_alone():
+def test_the_check_leaves_the_random_state_and_threads_alone():
     import torch
 
     from gridrun.engine.spec import load_runs
     from gridrun.engine.taskcheck import check_runs
 
+    threads = torch.get_num_threads()
     torch.manual_seed(7)
     expected = torch.rand(3)
     torch.manual_seed(7)
     check_runs(load_runs(EXAMPLE)[:1], EXAMPLE)
-    assert torch.equal(torch.rand(3), expected)
+    assert torch.equal(torch.rand(3), expected) and torch.get_num_threads() == threads
