@@ -207,3 +207,14 @@ def dict_batches(hidden: int = 8) -> Task:
     return Task(model=Pool(), train_data=Pairs(64, 0), val_data=Pairs(32, 1), loss=loss,
                 evaluate=evaluate, metrics={"acc": "higher", "loss": "lower"}, collate_fn=collate,
                 count_samples=lambda b: len(b["y"]), count_tokens=lambda b: int(b["lengths"].sum()))
+
+
+def weight_normed() -> Task:
+    """Correct: old-style weight_norm keeps a computed (non-leaf) `weight` tensor attribute."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated in favour of parametrizations, still used
+        first = nn.utils.weight_norm(nn.Linear(4, 8))
+    return _task(nn.Sequential(first, nn.ReLU(),
+                               nn.utils.parametrizations.weight_norm(nn.Linear(8, 2))))

@@ -120,7 +120,7 @@ def test_a_problem_in_some_cells_names_them(tmp_path):
     assert "(width=32)" in lines[1] and len(lines) == 3
 
 
-@pytest.mark.parametrize("task", ["bad_tasks:good", "bad_tasks:dict_batches",
+@pytest.mark.parametrize("task", ["bad_tasks:good", "bad_tasks:dict_batches", "bad_tasks:weight_normed",
                                   "spirals", "shapes", "sort"])
 def test_correct_tasks_pass_without_a_word(tmp_path, task):
     spec = write(tmp_path, f'[experiments.ok]\ntask = "{task}"\ngrid = {{ lr = [1e-3, 1e-2] }}\n')

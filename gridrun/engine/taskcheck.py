@@ -144,7 +144,8 @@ def _hidden(model: nn.Module) -> tuple[dict[str, list[nn.Parameter]], dict[str, 
         for name, value in vars(module).items():
             path = f"{prefix}.{name}" if prefix else name
             if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
-                tensors[path] = value
+                if value.is_leaf:  # not one computed from parameters (old-style weight_norm)
+                    tensors[path] = value
             elif name not in _MODULE_INTERNALS and isinstance(value, list | tuple | dict):
                 items = value.values() if isinstance(value, dict) else value
                 params = [p for m in items if isinstance(m, nn.Module)
@@ -159,8 +160,7 @@ def _train_step(task: Task, model: nn.Module, batch: Any, found: list[str], note
     for p in [*model.parameters(), *(p for ps in layers.values() for p in ps)]:
         p.grad = None
     for t in tensors.values():
-        if t.is_leaf:
-            t.grad = None
+        t.grad = None
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
     if not trainable:
@@ -277,6 +277,7 @@ def check_task(task_name: str, task_args: Mapping[str, Any], *, seed: int = 0,
     if not isinstance(task.model, nn.Module):
         found.append(f"model is {type(task.model).__name__}, not a torch.nn.Module")
         return found, notes, metrics and dict(metrics)
+    task.model.cpu()
     train = _batch(task, task.train_data, batch_size, "train_data", found)
     if train is not None:
         _counts(task, train, found)
