@@ -218,7 +218,11 @@ class StoreSource:
         return Plan(path, runs=tuple(json.loads(done.stdout)["runs"]))
 
     def check_tasks(self, path: str) -> TaskCheck:
-        done = self._gridrun("plan", "--check", "--json", path)
+        try:
+            done = self._gridrun("plan", "--check", "--json", path)
+        except subprocess.TimeoutExpired as e:
+            return TaskCheck(path, error=f"the task check took more than {e.timeout:g} s "
+                                         f"(try `gridrun plan --check {path}`)")
         try:
             check = json.loads(done.stdout)["check"]
             return TaskCheck(path, problems=tuple(check["problems"]), notes=tuple(check["notes"]),
