@@ -131,7 +131,8 @@ def test_run_wait_trains_the_file_and_says_where_results_are(tmp_path, root):
     code, out = gridrun("logs", run_id[:5], "--root", str(root))
     assert code == 0 and "train step" in out
 
-    failing = subprocess.run([sys.executable, "-m", "gridrun", "run", str(spec), "--wait"],
+    # --no-check: the task check would refuse a task that crashes on its first batch
+    failing = subprocess.run([sys.executable, "-m", "gridrun", "run", str(spec), "--wait", "--no-check"],
                              env=env, capture_output=True, text=True, timeout=240)
     assert failing.returncode == 1, failing.stdout + failing.stderr
     assert "skipped 4" in failing.stdout and "2 failed" in failing.stdout

@@ -22,6 +22,9 @@ from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
 FileArg = Annotated[Path, typer.Argument(help="The experiment file (TOML).", exists=True,
                                          dir_okay=False, readable=True)]
 RunsArg = Annotated[list[str], typer.Argument(help="Run ids (unique prefixes are enough).")]
+CheckOption = Annotated[bool, typer.Option(
+    "--check/--no-check", help="Build each task once and run one training and one validation "
+    "batch on the CPU before queueing (see `gridrun plan --check`).")]
 
 
 def provenance(cwd: Path | None = None) -> dict:
@@ -58,7 +61,8 @@ def _resolve(store, prefixes: list[str]) -> list[str]:
         fail(str(e))
 
 
-def _queue(file: Path, root: Path, force: bool) -> tuple[list, list[str], list[str]]:
+def _queue(file: Path, root: Path, force: bool,
+           check: bool = True) -> tuple[list, list[str], list[str]]:
     from gridrun.engine.backends.registry import BackendError, check_backend
     from gridrun.engine.spec import SpecError, load_engine_config, load_runs
 
@@ -71,6 +75,10 @@ def _queue(file: Path, root: Path, force: bool) -> tuple[list, list[str], list[s
         fail(f"{e}\nnothing was queued")
     except BackendError as e:
         fail(f"{file}: {e}\nnothing was queued")
+    if check:
+        from gridrun.commands.plan import check_or_exit
+
+        check_or_exit(file, runs)
     with _store(root) as store:
         queued, skipped = store.enqueue(runs, provenance(file.resolve().parent), force=force)
         if engine is not None:
@@ -92,11 +100,12 @@ def _has_engine_table(file: Path) -> bool:
 
 def queue(file: FileArg, force: Annotated[bool, typer.Option(
               "--force", help="Run cells again even if they already completed.")] = False,
-          root: RootOption = DEFAULT_ROOT) -> None:
-    """Validate an experiment file and queue its runs (nothing is queued on any error)."""
+          check: CheckOption = True, root: RootOption = DEFAULT_ROOT) -> None:
+    """Validate an experiment file, check its tasks, and queue its runs (nothing is queued on
+    any error)."""
     from gridrun.engine import daemon
 
-    _queue(file, root, force)
+    _queue(file, root, force, check)
     if not daemon.status(root).running:
         typer.echo(f"the engine is not running: start it with `gridrun engine start --root {root}`")
 
@@ -105,11 +114,11 @@ def run(file: FileArg,
         wait: Annotated[bool, typer.Option("--wait", help="Block without a display until the "
                                            "file's runs end; exit 1 if any did not complete.")] = False,
         force: Annotated[bool, typer.Option("--force", help="Run completed cells again.")] = False,
-        root: RootOption = DEFAULT_ROOT) -> None:
+        check: CheckOption = True, root: RootOption = DEFAULT_ROOT) -> None:
     """Queue an experiment file, make sure the engine runs, and follow the runs."""
     from gridrun.engine import daemon
 
-    runs, _, _ = _queue(file, root, force)
+    runs, _, _ = _queue(file, root, force, check)
     try:
         st = daemon.start(root)
     except RuntimeError as e:

@@ -27,6 +27,37 @@ def load_or_exit(file: Path, *, force: bool = False):
         fail(f"{err}\n{n} problem{'s' if n != 1 else ''} in {file}; nothing was changed.")
 
 
+def check_tasks(file: Path, runs):
+    """The task check's report; every note on stderr (notes never block)."""
+    from gridrun.engine.taskcheck import check_runs
+
+    report = check_runs(runs, file)
+    for note in report.notes:
+        typer.echo(str(note), err=True)
+    return report
+
+
+def fail_on_problems(file: Path, report) -> None:
+    """Every problem of the task check on stderr and exit 2; nothing when it passed."""
+    if report.problems:
+        n = len(report.problems)
+        fail("\n".join(map(str, report.problems))
+             + f"\n{n} problem{'s' if n != 1 else ''} in {file}; nothing was queued.")
+
+
+def checked_text(report) -> str:
+    n = len(report.configs)
+    return (f"task check passed: {n} task configuration{'s' * (n != 1)} "
+            f"in {report.seconds:.2f} s")
+
+
+def check_or_exit(file: Path, runs) -> None:
+    """`gridrun run` and `queue`: the task check, exit 2 on a problem."""
+    report = check_tasks(file, runs)
+    fail_on_problems(file, report)
+    typer.echo(checked_text(report))
+
+
 def render_plan(runs) -> str:
     rows = [("EXPERIMENT", "VARIANT", "SEED", "ID")]
     rows += [(r.experiment, r.variant or "-", str(r.seed), r.id) for r in runs]
@@ -47,12 +78,23 @@ def register(app: typer.Typer) -> None:
         file: FileArgument,
         as_json: Annotated[bool, typer.Option("--json", help="Print the runs as JSON.")] = False,
         force: Annotated[bool, typer.Option("--force", help="Allow more runs than the cap (10,000).")] = False,
+        check: Annotated[bool, typer.Option(
+            "--check", help="Also build each task once and run one training and one validation "
+            "batch on the CPU; exit 2 on a problem.")] = False,
     ) -> None:
         """Validate an experiment file and list the runs it expands to."""
         runs = load_or_exit(file, force=force)
+        report = check_tasks(file, runs) if check else None
         if as_json:
-            typer.echo(json.dumps({"runs": [
+            out = {"runs": [
                 {"id": r.id, "experiment": r.experiment, "variant": r.variant, "ablation": r.ablation,
-                 "seed": r.seed, "task": r.task, "config": r.config} for r in runs]}))
+                 "seed": r.seed, "task": r.task, "config": r.config} for r in runs]}
+            if report is not None:
+                out["check"] = report.to_json()
+            typer.echo(json.dumps(out))
         else:
             typer.echo(render_plan(runs))
+            if report is not None and report.ok:
+                typer.echo(checked_text(report))
+        if report is not None:
+            fail_on_problems(file, report)

@@ -101,6 +101,23 @@ class Plan:
 
 
 @dataclass(frozen=True)
+class TaskCheck:
+    """An experiment file's tasks checked by `gridrun plan --check --json`: one line per
+    problem (a task that would fail or not train), notes that never block, or why the
+    check itself could not run."""
+
+    path: str
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    error: str = ""
+    seconds: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.error
+
+
+@dataclass(frozen=True)
 class Table:
     """A ready-to-show ablation table: text cells, and the cells to highlight."""
 
@@ -124,6 +141,7 @@ class Source(Protocol):
     def set_paused(self, paused: bool) -> str: ...
     def start_engine(self) -> str: ...
     def plan(self, path: str) -> Plan: ...
+    def check_tasks(self, path: str) -> TaskCheck: ...
     def queue_file(self, path: str) -> str: ...
     def clone(self, run_id: str, override: str) -> str: ...
     def compare(self, experiment: str) -> Table: ...
@@ -139,12 +157,14 @@ class FakeSource:
                  metrics: Mapping[str, list[dict[str, Any]]] | None = None,
                  details: Mapping[str, RunDetail] | None = None,
                  plans: Mapping[str, Plan] | None = None, tables: Mapping[str, Table] | None = None,
-                 output: Mapping[str, str] | None = None):
+                 output: Mapping[str, str] | None = None,
+                 checks: Mapping[str, TaskCheck] | None = None):
         self.root = Path(root)
         self._snapshots = list(snapshots)
         self._metrics = dict(metrics or {})
         self._details = dict(details or {})
         self._plans = dict(plans or {})
+        self._checks = dict(checks or {})  # a path not named here passes
         self._tables = dict(tables or {})
         self._output = dict(output or {})
         self.actions: list[tuple[Any, ...]] = []
@@ -213,6 +233,10 @@ class FakeSource:
     def plan(self, path: str) -> Plan:
         self.actions.append(("plan", path))
         return self._plans.get(path, Plan(path, errors=f"{path}: no such file"))
+
+    def check_tasks(self, path: str) -> TaskCheck:
+        self.actions.append(("check", path))
+        return self._checks.get(path, TaskCheck(path, seconds=0.1))
 
     def queue_file(self, path: str) -> str:
         self.actions.append(("queue", path))

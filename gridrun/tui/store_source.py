@@ -23,7 +23,17 @@ from typing import Any
 from gridrun.engine import layout, runlog
 from gridrun.engine.doctor import lost_queue_warning
 from gridrun.engine.store import Run, Store
-from gridrun.tui.source import EngineState, GpuRow, Machine, Plan, RunDetail, RunRow, Table, Update
+from gridrun.tui.source import (
+    EngineState,
+    GpuRow,
+    Machine,
+    Plan,
+    RunDetail,
+    RunRow,
+    Table,
+    TaskCheck,
+    Update,
+)
 
 LOWER_HINTS = ("loss", "error", "perplexity")
 
@@ -210,6 +220,20 @@ class StoreSource:
         if done.returncode != 0:
             return Plan(path, errors=(done.stderr or done.stdout).strip() or "invalid file")
         return Plan(path, runs=tuple(json.loads(done.stdout)["runs"]))
+
+    def check_tasks(self, path: str) -> TaskCheck:
+        try:
+            done = self._gridrun("plan", "--check", "--json", path)
+        except subprocess.TimeoutExpired as e:
+            return TaskCheck(path, error=f"the task check took more than {e.timeout:g} s "
+                                         f"(try `gridrun plan --check {path}`)")
+        try:
+            check = json.loads(done.stdout)["check"]
+            return TaskCheck(path, problems=tuple(check["problems"]), notes=tuple(check["notes"]),
+                             seconds=check["seconds"])
+        except (ValueError, KeyError, TypeError):  # no report: say what the command said
+            return TaskCheck(path, error=(done.stderr or done.stdout).strip()
+                             or f"the task check failed (exit {done.returncode})")
 
     def queue_file(self, path: str) -> str:
         done = self._gridrun("queue", path, "--root", str(self.root))

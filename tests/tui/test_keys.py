@@ -131,13 +131,14 @@ async def test_queue_file_by_keyboard(make_app):
         await settle(pilot)
         await pilot.press("a")
         assert isinstance(app.screen, QueueScreen)
-        await pilot.press("enter")  # checks the default ./experiments.toml
-        await until(pilot, lambda: app.screen.plan is not None)
+        await pilot.press("enter")  # checks the default ./experiments.toml, then its tasks
+        await until(pilot, lambda: app.screen.tasks is not None)
         text = str(app.screen.query_one("#plan").render())
-        assert "6 runs" in text and "already done" in text
+        assert "6 runs" in text and "already done" in text and "tasks checked" in text
         await pilot.press("enter")  # queues it
         await until(pilot, lambda: app.screen is app.main)
-        assert src.actions == [("plan", "./experiments.toml"), ("queue", "./experiments.toml")]
+        assert src.actions == [("plan", "./experiments.toml"), ("check", "./experiments.toml"),
+                               ("queue", "./experiments.toml")]
 
 
 @aio

@@ -10,11 +10,12 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
+from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.suggester import Suggester
 from textual.widgets import Footer, Input, Label, Static
 
-from gridrun.tui.source import Plan
+from gridrun.tui.source import Plan, TaskCheck
 
 
 class Confirm(ModalScreen[bool]):
@@ -70,8 +71,9 @@ class PathSuggester(Suggester):
 
 
 class QueueScreen(ModalScreen[None]):
-    """`a`: a file path; enter checks it (a subprocess runs `gridrun plan --json`)
-    and shows the plan or the errors; enter again queues it."""
+    """`a`: a file path; enter checks it (subprocesses run `gridrun plan --json`, then
+    `gridrun plan --check --json` for its tasks) and shows the plan or the problems;
+    enter again queues it, only once both passed."""
 
     CSS_PATH = "dialogs.tcss"
     BINDINGS: ClassVar = [Binding("escape", "dismiss(None)", "cancel")]
@@ -79,6 +81,8 @@ class QueueScreen(ModalScreen[None]):
     def __init__(self, default: str = "./experiments.toml") -> None:
         super().__init__()
         self.default, self.plan = default, None
+        self.tasks: TaskCheck | None = None  # the task check of `plan`, once it ended
+        self.plan_text = ""
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide"):
@@ -90,27 +94,57 @@ class QueueScreen(ModalScreen[None]):
 
     @on(Input.Changed, "#path")
     def path_changed(self) -> None:
-        self.plan = None
+        self.plan = self.tasks = None
 
     @on(Input.Submitted, "#path")
     def submitted(self, event: Input.Submitted) -> None:
         path = event.value.strip()
         if self.plan is not None and self.plan.ok and self.plan.path == path:
-            self.queue(path)
+            if self.tasks is None:
+                self.app.bell()  # still checking its tasks
+            elif self.tasks.ok:
+                self.queue(path)
+            else:
+                self.start_check(path)
         else:
-            self.query_one("#plan", Static).update(f"checking {path} …")
-            self.check(path)
+            self.start_check(path)
+
+    def start_check(self, path: str) -> None:
+        self.plan = self.tasks = None
+        self.query_one("#plan", Static).update(f"checking {escape(path)} …")
+        self.check(path)
 
     @work(thread=True, group="queue", exclusive=True, exit_on_error=False)
     def check(self, path: str) -> None:
         plan = self.app.source.plan(path)
         self.app.call_from_thread(self.show_plan, plan)
+        if plan.ok:
+            tasks = self.app.source.check_tasks(path)
+            self.app.call_from_thread(self.show_tasks, tasks)
+
+    def show_tasks(self, tasks: TaskCheck) -> None:
+        if self.plan is None or self.plan.path != tasks.path:
+            return  # the path changed meanwhile
+        self.tasks = tasks
+        box = self.query_one("#plan", Static)
+        notes = "".join(f"\n[dim]{escape(n)}[/]" for n in tasks.notes)
+        if tasks.ok:
+            took = f" in {tasks.seconds:.1f} s" if tasks.seconds is not None else ""
+            box.update(f"tasks checked{took}.  [b]enter[/] queues the runs.{notes}\n{self.plan_text}")
+            return
+        n = len(tasks.problems)
+        what = (f"the task check found {n} problem{'s' * (n != 1)}" if n
+                else "the task check could not run")
+        lines = "\n".join(escape(p) for p in tasks.problems) or escape(tasks.error)
+        box.update(f"[b red]{what}; nothing was queued[/]  (enter checks again)\n{lines}{notes}"
+                   f"\n\n{self.plan_text}")
 
     def show_plan(self, plan: Plan) -> None:
         self.plan = plan
         box = self.query_one("#plan", Static)
         if not plan.ok:
-            box.update(f"[b red]{plan.path} has problems; nothing was queued[/]\n{plan.errors}")
+            box.update(f"[b red]{escape(plan.path)} has problems; nothing was queued[/]\n"
+                       f"{escape(plan.errors)}")
             return
         known = getattr(self.app, "known_status", lambda i: None)
         done = sum(known(r["id"]) == "completed" for r in plan.runs)
@@ -120,11 +154,12 @@ class QueueScreen(ModalScreen[None]):
             by_exp[r["experiment"]] = by_exp.get(r["experiment"], 0) + 1
         lines = [f"[b]{len(plan.runs)} runs[/] in {len(by_exp)} experiments; "
                  f"{done} already done, {active} queued or running, "
-                 f"{len(plan.runs) - done - active} new.  [b]enter[/] queues them."]
-        lines += [f"  {name}: {n}" for name, n in by_exp.items()]
-        lines += [f"  {r['id']}  {r['experiment']}  {r['variant'] or '-'}  seed {r['seed']}"
+                 f"{len(plan.runs) - done - active} new."]
+        lines += [f"  {escape(name)}: {n}" for name, n in by_exp.items()]
+        lines += [escape(f"  {r['id']}  {r['experiment']}  {r['variant'] or '-'}  seed {r['seed']}")
                   for r in plan.runs[:200]]
-        box.update("\n".join(lines))
+        self.plan_text = "\n".join(lines)
+        box.update(f"[dim]checking tasks…[/]\n{self.plan_text}")
 
     @work(thread=True, group="queue", exclusive=True, exit_on_error=False)
     def queue(self, path: str) -> None:

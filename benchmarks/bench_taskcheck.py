@@ -1,0 +1,75 @@
+"""The task check (`gridrun plan --check`): seconds per task configuration.
+
+    python benchmarks/bench_taskcheck.py [--repeat 5] [--threads N]
+
+Measures, in one fresh process: importing torch and gridrun's task check
+(paid once by `gridrun plan --check`, `run` and `queue`); then the check of
+the example experiments.toml and of each built-in task at its default keys,
+first cold (the first check in the process, as a user's command pays it) and
+then the median of `--repeat` warm repetitions. Baseline, measured beside it:
+calling the task's factory alone (building the model and the data), the part
+no check can avoid. The target: under a second per built-in task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args()
+
+    t0 = time.perf_counter()
+    import torch
+
+    from gridrun.engine.spec import load_runs
+    from gridrun.engine.taskcheck import check_runs
+    from gridrun.engine.tasks import resolve
+    imports = time.perf_counter() - t0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"# {platform.node()} {platform.processor() or platform.machine()} {os.cpu_count()} cores, "
+          f"Python {sys.version.split()[0]}, torch {torch.__version__} ({torch.get_num_threads()} "
+          f"threads), load average {os.getloadavg()[0]:.1f}")
+    print(f"import torch + gridrun.engine.taskcheck: {imports:.2f} s (once per command)")
+
+    files = {"experiments.toml": ROOT / "experiments.toml"}
+    tmp = Path(tempfile.mkdtemp())
+    for name in ("spirals", "shapes", "sort"):
+        files[name] = tmp / f"{name}.toml"
+        files[name].write_text(f'[experiments.{name}]\ntask = "{name}"\n')
+
+    for label, path in files.items():
+        runs = load_runs(path)
+        cold = check_runs(runs, path)
+        assert cold.ok, [str(p) for p in cold.problems]
+        warm = [check_runs(runs, path) for _ in range(args.repeat)]
+        for i, config in enumerate(cold.configs):
+            builds = []
+            for _ in range(args.repeat):
+                start = time.perf_counter()
+                resolve(config.task)(**config.task_args)
+                builds.append(time.perf_counter() - start)
+            keys = " ".join(f"{k}={v}" for k, v in config.task_args.items()
+                            if k in ("hidden", "channels", "dim"))
+            print(f"{label:<17} {config.task:<8} {keys:<12} cold {config.seconds * 1e3:7.1f} ms   "
+                  f"warm {statistics.median(w.configs[i].seconds for w in warm) * 1e3:7.1f} ms   "
+                  f"(factory alone {statistics.median(builds) * 1e3:6.1f} ms)")
+        print(f"{label:<17} total, {len(cold.configs)} configuration(s): cold {cold.seconds:.3f} s, "
+              f"warm {statistics.median(w.seconds for w in warm):.3f} s (torch import excluded)")
+
+
+if __name__ == "__main__":
+    main()
