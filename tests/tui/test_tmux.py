@@ -92,6 +92,7 @@ def test_queue_watch_compare_export_quit_in_tmux(tmp_path):
         term.wait_for("./experiments.toml")
         term.keys("Enter")
         term.wait_for("4 runs")
+        term.wait_for("enter queues the runs", timeout=60)  # the task check, in a subprocess
         term.keys("Enter")
         term.wait_for("queued 4 runs")
         term.keys("E")
