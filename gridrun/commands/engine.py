@@ -232,18 +232,42 @@ def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix i
             time.sleep(0.5)
 
 
-def cancel(runs: RunsArg, root: RootOption = DEFAULT_ROOT) -> None:
-    """Cancel runs: queued ones at once; running ones checkpoint and stop."""
+def _apply(action: str, runs: list[str], root: Path) -> None:
+    """Cancel or retry each run, printing each outcome; exit 2 if any was refused
+    (an unknown id, a run already ended or not retryable) after applying the rest."""
+    from gridrun.engine.store import RunNotFound
+
+    refused = False
     with _store(root) as store:
-        for run_id, outcome in store.cancel(_resolve(store, runs)).items():
-            typer.echo(f"{run_id}: {outcome}")
+        ids, outcomes = [], {}
+        for prefix in runs:
+            try:
+                ids.append(store.resolve(prefix))
+            except RunNotFound as e:
+                outcomes[prefix] = str(e)
+                refused = True
+        applied = (store.cancel if action == "cancel" else store.retry)(dict.fromkeys(ids))
+        for prefix in runs:  # in the order given
+            if prefix in outcomes:
+                typer.echo(f"{prefix}: {outcomes[prefix]}", err=True)
+        for run_id, outcome in applied.items():
+            ok = not outcome.startswith("not ")  # "not cancelled: it is completed"
+            refused |= not ok
+            typer.echo(f"{run_id}: {outcome}", err=not ok)
+    if refused:
+        raise typer.Exit(2)
+
+
+def cancel(runs: RunsArg, root: RootOption = DEFAULT_ROOT) -> None:
+    """Cancel runs: queued ones at once; running ones checkpoint and stop. Exits 2 if
+    any run could not be cancelled (the others still are)."""
+    _apply("cancel", runs, root)
 
 
 def retry(runs: RunsArg, root: RootOption = DEFAULT_ROOT) -> None:
-    """Queue failed, diverged, out-of-memory or cancelled runs again (they resume from their checkpoint)."""
-    with _store(root) as store:
-        for run_id, outcome in store.retry(_resolve(store, runs)).items():
-            typer.echo(f"{run_id}: {outcome}")
+    """Queue failed, diverged, out-of-memory or cancelled runs again (they resume from
+    their checkpoint). Exits 2 if any run could not be retried (the others still are)."""
+    _apply("retry", runs, root)
 
 
 def pause(root: RootOption = DEFAULT_ROOT) -> None:
