@@ -207,29 +207,31 @@ def ls(root: RootOption = DEFAULT_ROOT,
 def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough).")],
          follow_: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing until the "
                                                "run ends.")] = False,
+         lines: Annotated[int, typer.Option("-n", "--lines", min=0, help="How many of the last "
+                                            "lines to print first.")] = 200,
          root: RootOption = DEFAULT_ROOT) -> None:
-    """Print a run's output.log."""
-    from gridrun.engine import layout, states
+    """Print the end of a run's output.log (it keeps the first 1 MB and the last ~6-9 MB
+    of what the run printed); -f goes on with what the run prints next."""
+    from gridrun.engine import layout, outputlog, states
 
     with _store(root) as store:
         run_id = _resolve(store, [run_id])[0]
         run_ = store.get_run(run_id)
-        path = run_.run_dir(root) / layout.OUTPUT
-        offset = 0
-        while True:
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    data = f.read()
-            except FileNotFoundError:
-                data = b""
-            if data:
-                sys.stdout.write(data.decode(errors="replace"))
-                sys.stdout.flush()
-                offset += len(data)
-            if not follow_ or store.get_run(run_id).status in states.FINISHED:
-                return
-            time.sleep(0.5)
+        follower = outputlog.Follower(run_.run_dir(root) / layout.OUTPUT, lines)
+        try:
+            while True:
+                text = follower.read()
+                if text:
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+                if not follow_:
+                    return
+                if store.get_run(run_id).status in states.FINISHED:
+                    sys.stdout.write(follower.read())  # what came between the read and the check
+                    return
+                time.sleep(0.5)
+        finally:
+            follower.close()
 
 
 def _apply(action: str, runs: list[str], root: Path) -> None:
