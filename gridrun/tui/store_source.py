@@ -254,7 +254,9 @@ class StoreSource:
         runs = self.store.list_runs(experiment=experiment)
         frame = analysis.runs_frame(self.root, {r.id: r.status for r in runs},
                                     queued=[r.spec for r in runs if r.status == "queued"])
-        return analysis.ablation_table(frame, experiment)
+        table = analysis.ablation_table(frame, experiment)
+        table.attrs["notes"] = analysis.notes(frame)  # what the readers left out
+        return table
 
     def compare(self, experiment: str) -> Table:
         from gridrun.engine import analysis
@@ -281,7 +283,8 @@ class StoreSource:
                     cells.append("" if _nan(d) else f"{d:+.4g}" + ("" if _nan(p) else f" p={p:.2g}"))
             rows.append(tuple(cells))
         return Table(experiment, tuple(columns), tuple(rows), frozenset(best),
-                     note=f"{t.attrs['value']} validation value, mean ± std over finished seeds")
+                     note="\n".join([f"{t.attrs['value']} validation value, mean ± std over "
+                                     "finished seeds", *t.attrs["notes"]]))
 
     def export_csv(self, experiment: str, path: str, *, force: bool = False) -> str:
         """Atomically; an existing file raises FileExistsError unless `force`, a

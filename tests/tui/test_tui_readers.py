@@ -7,7 +7,7 @@ import pytest
 from tui_helpers import aio, settle, until
 
 from gridrun.engine import layout
-from gridrun.engine.spec import RunSpec, run_id
+from gridrun.engine.spec import RunSpec, run_id, write_run_config
 from gridrun.engine.store import Store
 from gridrun.tui.screens.compare import CompareScreen
 from gridrun.tui.screens.dialogs import Confirm
@@ -34,6 +34,7 @@ def test_bad_lines_are_skipped_and_counted(tmp_path):
         store.enqueue([s])
         store.transition(s.id, "queued", "running", slot="cpu0", started_at=1.0)
     folder = layout.make_private_dir(layout.run_dir(tmp_path, "exp", s.id))
+    write_run_config(folder / layout.CONFIG, s)
     (folder / layout.METRICS).write_bytes(b"\n".join(LINES) + b"\n")
     (folder / layout.SUMMARY).write_bytes(b"[1, 2]")
     src = StoreSource(tmp_path)
@@ -43,7 +44,9 @@ def test_bad_lines_are_skipped_and_counted(tmp_path):
     assert [r["step"] for r in records] == [0, 10, 20]
     d = src.detail(s.id)
     assert d.summary is None
-    assert d.notes == (f"{BAD} unreadable lines skipped in {folder / layout.METRICS}",)
+    note = f"{BAD} unreadable lines skipped in {folder / layout.METRICS}"
+    assert d.notes == (note,)
+    assert note in src.compare("exp").note
 
 
 @pytest.mark.parametrize("summary", [[1, 2], {"best": [1], "early_stop_metric": 5, "step": "x"},
