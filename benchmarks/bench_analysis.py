@@ -106,7 +106,7 @@ def phase(name: str, root: Path, out: Path) -> dict:
         result = {"runs": len(pd.DataFrame(rows))}
     elif name in ("export", "export_exp0"):
         exp = "exp0" if name == "export_exp0" else None
-        result = {"rows": export.export_metrics(root, out, experiment=exp)}
+        result = {"rows": export.export_metrics(root, out, experiment=exp, force=True)}
     elif name == "naive_exp0":
         from gridrun.engine.runlog import read_all
 

@@ -96,10 +96,10 @@ def test_export_metrics_long_format(tmp_path):
     assert list(first["value"]) == [1.0, 0.1, 10.0, 0.1]
     val = back[(back["run_id"] == a) & (back["split"] == "val")]
     assert dict(zip(val["metric"], val["value"], strict=True)) == {"loss": 0.2, "accuracy": 0.9}
-    assert export.export_metrics(tmp_path, out, status="completed") == 26
-    assert export.export_metrics(tmp_path, out, experiment="f") == 0
+    assert export.export_metrics(tmp_path, out, status="completed", force=True) == 26
+    assert export.export_metrics(tmp_path, out, experiment="f", force=True) == 0
     assert list(pd.read_csv(out).columns) == ["run_id", "step", "epoch", "split", "metric", "value"]
-    assert not (tmp_path / "m.csv.tmp").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
 def test_parquet_needs_pyarrow(grid_root, tmp_path, monkeypatch):

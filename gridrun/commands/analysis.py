@@ -62,6 +62,13 @@ def _frame(root: Path, experiment: str | None) -> Any:
     return frame
 
 
+def _notes(notes: list[str]) -> None:
+    """What the readers left out (an unreadable config.toml, lines of a metrics log),
+    on stderr so that a table piped elsewhere stays clean."""
+    for note in dict.fromkeys(notes):
+        typer.echo(f"note: {note}", err=True)
+
+
 def compare(
     experiment: Annotated[str | None, typer.Argument(help="Only this experiment (default: all).")] = None,
     by: Annotated[str | None, typer.Option("--by", help="Group by these keys, comma-separated "
@@ -73,7 +80,7 @@ def compare(
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
     """Mean ± std over seeds per cell, the best cell per metric, deltas vs the baseline."""
-    from gridrun.engine.analysis import AnalysisError, ablation_table, format_table
+    from gridrun.engine.analysis import AnalysisError, ablation_table, format_table, notes
 
     frame = _frame(root, experiment)
     try:
@@ -82,6 +89,7 @@ def compare(
     except AnalysisError as exc:
         fail(str(exc))
     typer.echo(format_table(table, fmt.value), nl=False)
+    _notes(notes(frame))
 
 
 def export(
@@ -93,36 +101,46 @@ def export(
     experiment: Annotated[str | None, typer.Option("--experiment", help="Only this experiment.")] = None,
     status: Annotated[str | None, typer.Option("--status", help="Only runs in this state "
                                                "(completed, running, failed, ...).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists "
+                                        "(never through a symbolic link).")] = False,
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
-    """Write runs, metrics or the ablation table to a CSV or Parquet file."""
-    from gridrun.engine import states
-    from gridrun.engine.analysis import AnalysisError, ablation_table
-    from gridrun.engine.export import export_metrics, write_frame
+    """Write runs, metrics or the ablation table to a CSV or Parquet file (atomically:
+    the file is complete or not there)."""
+    from gridrun.engine import runlog, states
+    from gridrun.engine.analysis import AnalysisError, ablation_table, notes
+    from gridrun.engine.export import TargetExists, check_target, export_metrics, write_frame
 
     if status is not None and status not in states.ALL:
         fail(f"unknown status {status!r}: choose one of {', '.join(states.ALL)}")
     if not out.parent.is_dir():
         fail(f"cannot write {out}: the folder {out.parent} does not exist")
+    try:
+        check_target(out, force)  # before reading every run: refusing is instant
+    except (AnalysisError, TargetExists) as exc:
+        fail(str(exc))
     frame = _frame(root, experiment)
     if status is not None:
         frame = frame[frame["status"] == status]
         if frame.empty:
             fail(f"no {status} runs under {root}" + (f" in {experiment!r}" if experiment else ""))
+    skipped: dict[str, int] = {}
     try:
         if what is What.metrics:
             statuses = dict(zip(frame["id"], frame["status"], strict=True))
-            rows = export_metrics(root, out, experiment, status, statuses)
+            rows = export_metrics(root, out, experiment, status, statuses, force=force,
+                                  skipped=skipped)
         elif what is What.ablation:
-            rows = write_frame(ablation_table(frame, experiment), out)
+            rows = write_frame(ablation_table(frame, experiment), out, force=force)
         else:
             if experiment is not None:
                 frame = frame[frame["experiment"] == experiment]
-            rows = write_frame(frame, out)
-    except AnalysisError as exc:
+            rows = write_frame(frame, out, force=force)
+    except (AnalysisError, TargetExists) as exc:
         fail(str(exc))
     except OSError as exc:
         fail(f"cannot write {out}: {exc.strerror or exc}")
+    _notes([*notes(frame), *(runlog.skipped_note(n, path) for path, n in skipped.items())])
     typer.echo(f"wrote {rows:,} rows ({what.value}) to {out}")
 
 

@@ -216,45 +216,75 @@ def ls(root: RootOption = DEFAULT_ROOT,
 def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough).")],
          follow_: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing until the "
                                                "run ends.")] = False,
+         lines: Annotated[int, typer.Option("-n", "--lines", min=0, help="How many of the last "
+                                            "lines to print first.")] = 200,
          root: RootOption = DEFAULT_ROOT) -> None:
-    """Print a run's output.log."""
-    from gridrun.engine import layout, states
+    """Print the end of a run's output.log (it keeps the first 1 MB and the last ~6-9 MB
+    of what the run printed); -f goes on with what the run prints next."""
+    from gridrun.engine import layout, outputlog, states
 
     with _store(root) as store:
         run_id = _resolve(store, [run_id])[0]
         run_ = store.get_run(run_id)
-        path = run_.run_dir(root) / layout.OUTPUT
-        offset = 0
-        while True:
+        follower = outputlog.Follower(run_.run_dir(root) / layout.OUTPUT, lines)
+        try:
+            while True:
+                text = follower.read()
+                if text:
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+                if not follow_:
+                    return
+                if store.get_run(run_id).status in states.FINISHED:
+                    sys.stdout.write(follower.read())  # what came between the read and the check
+                    return
+                time.sleep(0.5)
+        finally:
+            follower.close()
+
+
+def _apply(action: str, runs: list[str], root: Path, *, fresh: bool = False) -> None:
+    """Cancel or retry each run, printing each outcome; exit 2 if any was refused
+    (an unknown id, a run already ended or not retryable) after applying the rest."""
+    from gridrun.engine.store import RunNotFound
+
+    refused = False
+    with _store(root) as store:
+        ids, outcomes = [], {}
+        for prefix in runs:
             try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    data = f.read()
-            except FileNotFoundError:
-                data = b""
-            if data:
-                sys.stdout.write(data.decode(errors="replace"))
-                sys.stdout.flush()
-                offset += len(data)
-            if not follow_ or store.get_run(run_id).status in states.FINISHED:
-                return
-            time.sleep(0.5)
+                ids.append(store.resolve(prefix))
+            except RunNotFound as e:
+                outcomes[prefix] = str(e)
+                refused = True
+        if action == "cancel":
+            applied = store.cancel(dict.fromkeys(ids))
+        else:
+            applied = store.retry(dict.fromkeys(ids), fresh=fresh)
+        for prefix in runs:  # in the order given
+            if prefix in outcomes:
+                typer.echo(f"{prefix}: {outcomes[prefix]}", err=True)
+        for run_id, outcome in applied.items():
+            ok = not outcome.startswith("not ")  # "not cancelled: it is completed"
+            refused |= not ok
+            typer.echo(f"{run_id}: {outcome}{' (from scratch)' * (fresh and ok)}", err=not ok)
+    if refused:
+        raise typer.Exit(2)
 
 
 def cancel(runs: RunsArg, root: RootOption = DEFAULT_ROOT) -> None:
-    """Cancel runs: queued ones at once; running ones checkpoint and stop."""
-    with _store(root) as store:
-        for run_id, outcome in store.cancel(_resolve(store, runs)).items():
-            typer.echo(f"{run_id}: {outcome}")
+    """Cancel runs: queued ones at once; running ones checkpoint and stop. Exits 2 if
+    any run could not be cancelled (the others still are)."""
+    _apply("cancel", runs, root)
 
 
 def retry(runs: RunsArg, fresh: Annotated[bool, typer.Option(
               "--fresh", help="Start over: delete the runs' checkpoints instead of resuming.")] = False,
           root: RootOption = DEFAULT_ROOT) -> None:
-    """Queue failed, diverged, out-of-memory or cancelled runs again (they resume from their checkpoint)."""
-    with _store(root) as store:
-        for run_id, outcome in store.retry(_resolve(store, runs), fresh=fresh).items():
-            typer.echo(f"{run_id}: {outcome}{' (from scratch)' * (fresh and outcome == 'queued')}")
+    """Queue failed, diverged, out-of-memory or cancelled runs again (they resume from
+    their checkpoint, or with --fresh start over). Exits 2 if any run could not be
+    retried (the others still are)."""
+    _apply("retry", runs, root, fresh=fresh)
 
 
 def pause(root: RootOption = DEFAULT_ROOT) -> None:

@@ -42,22 +42,31 @@ class AnalysisError(ValueError):
 
 # --------------------------------------------------------------------------- runs_frame
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def _read_config(path: Path) -> RunSpec | None:
+    """A run folder's config.toml, or None when it is not one gridrun wrote:
+    unreadable, not TOML, nested too deep, or a field of the wrong type."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
-        return None  # missing, or caught mid-write by a reader of a live run
+        spec = read_run_config(path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None
+    names = (spec.id, spec.experiment, spec.variant, spec.task, spec.ablation)
+    if not all(isinstance(n, str) for n in names) or not all(
+            isinstance(k, str) for k in (*spec.trainer, *spec.task_args)):
+        return None
+    return spec
 
 
 def _hashable(value: Any) -> Any:
     return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
 
 
-def _live(path: Path, spec: RunSpec) -> dict[str, Any]:
-    """What a run without summary.json has logged so far (torn last line skipped)."""
-    records = runlog.read_all(path)
+def _live(path: Path, spec: RunSpec, notes: list[str]) -> dict[str, Any]:
+    """What a run without summary.json has logged so far (torn last line skipped;
+    lines that are not records are skipped and noted)."""
+    got = runlog.read(path)
+    records = got.records
+    if got.skipped:
+        notes.append(runlog.skipped_note(got.skipped, path))
     out: dict[str, Any] = {"final": {}, "best": {}}
     vals = [r for r in records if r.get("split") == "val"]
     train = [r for r in records if r.get("split") == "train"]
@@ -82,12 +91,13 @@ def _live(path: Path, spec: RunSpec) -> dict[str, Any]:
 
 
 def _row(spec: RunSpec, folder: Path | None, status: str | None,
-         provenance: Mapping[str, Any] | None, directions: dict[str, str]) -> dict[str, Any]:
+         provenance: Mapping[str, Any] | None, directions: dict[str, str],
+         notes: list[str]) -> dict[str, Any]:
     row: dict[str, Any] = {"id": spec.id, "experiment": spec.experiment, "variant": spec.variant,
                            "ablation": spec.ablation, "seed": spec.seed, "task": spec.task}
     for key, value in spec.config.items():
         row.setdefault(key, _hashable(value))
-    summary = _read_json(folder / layout.SUMMARY) if folder else None
+    summary = runlog.read_summary(folder / layout.SUMMARY) if folder else None
     metrics_path = folder / layout.METRICS if folder else None
     if summary is not None:
         data = summary
@@ -95,7 +105,7 @@ def _row(spec: RunSpec, folder: Path | None, status: str | None,
             directions.setdefault(name, direction)
         file_status = summary.get("status")
     elif metrics_path is not None and metrics_path.exists():
-        data, file_status = _live(metrics_path, spec), states.RUNNING
+        data, file_status = _live(metrics_path, spec, notes), states.RUNNING
     else:
         data, file_status = {}, states.QUEUED
     row["status"] = status or file_status or states.QUEUED
@@ -122,13 +132,14 @@ def runs_frame(root: str | os.PathLike, statuses: Mapping[str, str] | None = Non
     say; `queued` adds runs the store knows that have no folder yet;
     `provenance` ({run_id: {"git_commit": ..., ...}}) adds provenance columns.
     Folders whose config.toml cannot be read are skipped and listed in
-    `frame.attrs["skipped"]`. `frame.attrs` also holds "directions"
+    `frame.attrs["skipped"]`; "notes" says what else was left out (metrics
+    lines that are not records). `frame.attrs` also holds "directions"
     ({metric: "lower"|"higher"}), "metrics" and "config_columns".
     """
     root = Path(root)
     statuses, provenance = statuses or {}, provenance or {}
     directions: dict[str, str] = {}
-    rows, skipped, seen = [], [], set()
+    rows, skipped, seen, notes = [], [], set(), []
     config_columns: dict[str, None] = {}
     experiments = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     for exp_dir in experiments:
@@ -136,18 +147,19 @@ def runs_frame(root: str | os.PathLike, statuses: Mapping[str, str] | None = Non
             config = folder / layout.CONFIG
             if not config.is_file():
                 continue
-            try:
-                spec = read_run_config(config)
-            except (OSError, ValueError, KeyError, TypeError):
+            spec = _read_config(config)
+            if spec is None:
                 skipped.append(str(folder))
                 continue
             seen.add(spec.id)
             config_columns.update(dict.fromkeys(spec.config))
-            rows.append(_row(spec, folder, statuses.get(spec.id), provenance.get(spec.id), directions))
+            rows.append(_row(spec, folder, statuses.get(spec.id), provenance.get(spec.id), directions,
+                             notes))
     for spec in queued:
         if spec.id not in seen:
             config_columns.update(dict.fromkeys(spec.config))
-            rows.append(_row(spec, None, statuses.get(spec.id), provenance.get(spec.id), directions))
+            rows.append(_row(spec, None, statuses.get(spec.id), provenance.get(spec.id), directions,
+                             notes))
     frame = pd.DataFrame(rows)
     if frame.empty:
         frame = pd.DataFrame(columns=BASE)
@@ -163,7 +175,7 @@ def runs_frame(root: str | os.PathLike, statuses: Mapping[str, str] | None = Non
     rest = [c for c in frame.columns if c not in front and c not in config_cols]
     frame = frame[front + config_cols + rest]
     frame.attrs.update(directions=directions, metrics=list(metrics), skipped=skipped,
-                       config_columns=config_cols)
+                       config_columns=config_cols, notes=notes)
     return frame
 
 
@@ -392,6 +404,12 @@ def format_table(table: pd.DataFrame, fmt: str = "table") -> str:
     raise AnalysisError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
 
 
+def notes(frame: pd.DataFrame) -> list[str]:
+    """What a reader of these files should know was left out, one line each."""
+    return [*(f"skipped {folder}: its {layout.CONFIG} cannot be read"
+              for folder in frame.attrs.get("skipped", [])), *frame.attrs.get("notes", [])]
+
+
 def comparison_text(root: str | os.PathLike, experiments: Iterable[str] | None = None,
                     statuses: Mapping[str, str] | None = None) -> str:
     """The table `gridrun run` prints when its runs are done, and how to export it."""
@@ -402,5 +420,6 @@ def comparison_text(root: str | os.PathLike, experiments: Iterable[str] | None =
     for exp in experiments or dict.fromkeys(frame["experiment"]):
         if exp in set(frame["experiment"]):
             parts.append(f"{exp}\n" + format_table(ablation_table(frame, exp)))
+    parts.extend(f"note: {n}" for n in notes(frame))
     parts.append(f"export: gridrun export --what ablation -o results.csv --root {root}")
     return "\n".join(parts) + "\n"

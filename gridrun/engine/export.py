@@ -1,18 +1,25 @@
 """Exports: a frame to CSV or Parquet, and every metrics line as long-format
-rows streamed to disk, so memory stays bounded whatever the number of lines."""
+rows streamed to disk, so memory stays bounded whatever the number of lines.
+
+Every export goes through `atomic_file`: a temporary file in the target's
+folder, fsynced, then renamed onto the target. An existing target is replaced
+only when asked (`force`), and a symbolic link is never written through.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Mapping
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import pandas as pd
 
 from gridrun.engine import layout, runlog, states
-from gridrun.engine.analysis import AnalysisError, _read_json
+from gridrun.engine.analysis import AnalysisError
 
 EXPORT_COLUMNS = ["run_id", "step", "epoch", "split", "metric", "value"]
 
@@ -27,17 +34,75 @@ def _parquet_module() -> Any:
     return pyarrow
 
 
-def write_frame(frame: pd.DataFrame, out: str | os.PathLike) -> int:
-    """CSV, or Parquet when `out` ends in .parquet; returns the number of rows."""
+class TargetExists(FileExistsError):
+    """The export's target exists and `force` was not given; str() says so."""
+
+
+def check_target(out: str | os.PathLike, force: bool = False) -> Path:
+    """`out`, if an export may write it: never a symbolic link (even with
+    `force`) or a folder; an existing file only with `force`."""
+    out = Path(out)
+    if out.is_symlink():
+        raise AnalysisError(f"refusing to write {out}: it is a symbolic link")
+    if out.is_dir():
+        raise AnalysisError(f"cannot write {out}: it is a folder")
+    if out.exists() and not force:
+        raise TargetExists(f"{out} exists; add --force to replace it")
+    return out
+
+
+@contextlib.contextmanager
+def atomic_file(out: str | os.PathLike, *, force: bool = False,
+                binary: bool = False) -> Iterator[IO[Any]]:
+    """A file to write the export into; on success it becomes `out` (fsynced,
+    then renamed), on any failure or interruption it is removed, so `out` is
+    either untouched or complete. A killed process leaves at most a hidden
+    `.NAME.*.tmp` beside it, never a half-written `out`."""
+    out = check_target(out, force)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    try:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else
+                                                       {"encoding": "utf-8", "newline": ""})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        check_target(out, force)  # again: the target may have appeared meanwhile
+        if force:
+            os.replace(tmp, out)  # replaces a link itself, never writes through it
+        else:
+            try:
+                os.link(tmp, out)  # fails if out exists: no check-then-write race
+            except FileExistsError:
+                raise TargetExists(f"{out} exists; add --force to replace it") from None
+            except OSError:  # a filesystem without hard links
+                os.replace(tmp, out)
+            os.unlink(tmp)
+        with contextlib.suppress(OSError):
+            dir_fd = os.open(out.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_frame(frame: pd.DataFrame, out: str | os.PathLike, *, force: bool = False) -> int:
+    """CSV, or Parquet when `out` ends in .parquet, written atomically (see
+    `atomic_file`); returns the number of rows."""
     out = Path(out)
     if out.suffix == ".parquet":
         _parquet_module()
         frame = frame.copy()
         for c in frame.select_dtypes(include="object").columns:
             frame[c] = frame[c].map(lambda v: None if v is None else str(v))
-        frame.to_parquet(out, index=False)
+        with atomic_file(out, force=force, binary=True) as f:
+            frame.to_parquet(f, index=False)
     else:
-        frame.to_csv(out, index=False)
+        with atomic_file(out, force=force) as f:
+            frame.to_csv(f, index=False)
     return len(frame)
 
 
@@ -75,7 +140,7 @@ def _run_folders(root: Path, experiment: str | None) -> Iterable[tuple[str, Path
 def _status(folder: Path, statuses: Mapping[str, str]) -> str:
     if folder.name in statuses:
         return statuses[folder.name]
-    summary = _read_json(folder / layout.SUMMARY)
+    summary = runlog.read_summary(folder / layout.SUMMARY)
     if summary and summary.get("status"):
         return summary["status"]
     return states.RUNNING if (folder / layout.METRICS).exists() else states.QUEUED
@@ -83,14 +148,15 @@ def _status(folder: Path, statuses: Mapping[str, str]) -> str:
 
 def export_metrics(root: str | os.PathLike, out: str | os.PathLike, experiment: str | None = None,
                    status: str | None = None, statuses: Mapping[str, str] | None = None, *,
+                   force: bool = False, skipped: dict[str, int] | None = None,
                    chunk_bytes: int = 1 << 22, flush_lines: int = 100_000) -> int:
     """Every metrics line as long-format rows, streamed: memory stays around
-    `flush_lines` log lines (plus one chunk) whatever the total. Written to
-    OUT.tmp, then renamed."""
+    `flush_lines` log lines (plus one chunk) whatever the total. Written
+    atomically (see `atomic_file`). Lines that are not records are left out and
+    counted in `skipped` ({metrics.jsonl path: lines})."""
     out = Path(out)
     parquet = out.suffix == ".parquet"
     pa = _parquet_module() if parquet else None
-    tmp = out.with_name(out.name + ".tmp")
     # Lines of many small logs are converted together: one DataFrame per run
     # would cost more than the parsing for 10,000 short runs.
     records: list[dict[str, Any]] = []
@@ -98,34 +164,36 @@ def export_metrics(root: str | os.PathLike, out: str | os.PathLike, experiment: 
     total = 0
     writer: Any = None
     statuses = statuses or {}
+    skipped = {} if skipped is None else skipped
 
-    def flush() -> None:
-        nonlocal writer, total
-        if not records:
-            return
-        chunk = _long(records, run_ids)
-        records.clear()
-        run_ids.clear()
-        if parquet:
-            batch = pa.Table.from_pandas(chunk.astype({"step": "float64", "epoch": "float64"}),
-                                         preserve_index=False)
-            if writer is None:
-                writer = pa.parquet.ParquetWriter(tmp, batch.schema)
-            writer.write_table(batch)
-        else:
-            chunk.to_csv(tmp, mode="a", header=total == 0, index=False)
-        total += len(chunk)
+    with atomic_file(out, force=force, binary=parquet) as f:
+        def flush() -> None:
+            nonlocal writer, total
+            if not records:
+                return
+            chunk = _long(records, run_ids)
+            records.clear()
+            run_ids.clear()
+            if parquet:
+                batch = pa.Table.from_pandas(chunk.astype({"step": "float64", "epoch": "float64"}),
+                                             preserve_index=False)
+                if writer is None:
+                    writer = pa.parquet.ParquetWriter(f, batch.schema)
+                writer.write_table(batch)
+            else:
+                chunk.to_csv(f, header=total == 0, index=False)
+            total += len(chunk)
 
-    try:
-        tmp.unlink(missing_ok=True)
         for run_id, folder in _run_folders(Path(root), experiment):
             if status is not None and _status(folder, statuses) != status:
                 continue
             path = folder / layout.METRICS
             if not path.exists():
                 continue
-            for lines in runlog.iter_chunks(path, chunk_bytes):
-                lines = [r for r in lines if r.get("split") != "start"]  # total_steps: not a metric
+            for got in runlog.iter_chunks(path, chunk_bytes):
+                if got.skipped:
+                    skipped[str(path)] = skipped.get(str(path), 0) + got.skipped
+                lines = [r for r in got.records if r["split"] != "start"]  # total_steps: not a metric
                 records.extend(lines)
                 run_ids.extend([run_id] * len(lines))
                 if len(records) >= flush_lines:
@@ -135,11 +203,7 @@ def export_metrics(root: str | os.PathLike, out: str | os.PathLike, experiment: 
             writer.close()
         elif total == 0:
             if parquet:
-                pd.DataFrame(columns=EXPORT_COLUMNS).to_parquet(tmp, index=False)
+                pd.DataFrame(columns=EXPORT_COLUMNS).to_parquet(f, index=False)
             else:
-                tmp.write_text(",".join(EXPORT_COLUMNS) + "\n")
-        tmp.replace(out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+                f.write(",".join(EXPORT_COLUMNS) + "\n")
     return total

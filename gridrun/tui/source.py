@@ -85,6 +85,7 @@ class RunDetail:
     config: Mapping[str, Any]
     summary: Mapping[str, Any] | None
     error: str | None
+    notes: tuple[str, ...] = ()  # what the reader left out, e.g. unreadable metrics lines
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ class Source(Protocol):
     def queue_file(self, path: str) -> str: ...
     def clone(self, run_id: str, override: str) -> str: ...
     def compare(self, experiment: str) -> Table: ...
-    def export_csv(self, experiment: str, path: str) -> str: ...
+    def export_csv(self, experiment: str, path: str, *, force: bool = False) -> str: ...
 
 
 class FakeSource:
@@ -250,7 +251,11 @@ class FakeSource:
         self.actions.append(("compare", experiment))
         return self._tables.get(experiment, Table(experiment, ("variant",), ()))
 
-    def export_csv(self, experiment: str, path: str) -> str:
+    def export_csv(self, experiment: str, path: str, *, force: bool = False) -> str:
+        if Path(path).is_symlink():
+            raise ValueError(f"refusing to write {path}: it is a symbolic link")
+        if Path(path).exists() and not force:
+            raise FileExistsError(f"{path} exists")
         self.actions.append(("export", experiment, path))
         table = self.compare(experiment)
         lines = [",".join(table.columns), *(",".join(r) for r in table.rows)]

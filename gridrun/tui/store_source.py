@@ -8,7 +8,6 @@ task code) happens in `gridrun plan` / `gridrun queue` subprocesses.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import subprocess
@@ -44,7 +43,7 @@ def lower_is_better(metric: str, summary: dict[str, Any] | None) -> bool:
 
 
 def _row(run: Run) -> RunRow:
-    s = run.summary or {}
+    s = runlog.summary_fields(run.summary) or {}  # any JSON may have been stored
     metric = s.get("early_stop_metric") or ""
     return RunRow(
         id=run.id, experiment=run.experiment, variant=run.variant, seed=run.seed,
@@ -70,8 +69,7 @@ class Live:
         records, self.offset = runlog.read_from(self.folder / layout.METRICS, self.offset)
         had_total = self.total is not None
         if self.total is None:
-            with contextlib.suppress(OSError, ValueError):
-                self.total = json.loads((self.folder / layout.SUMMARY).read_text()).get("total_steps")
+            self.total = (runlog.read_summary(self.folder / layout.SUMMARY) or {}).get("total_steps")
         for rec in records:
             self.fields.update(step=rec.get("step", 0), epoch=rec.get("epoch", 0))
             if rec.get("split") == "start":
@@ -104,6 +102,7 @@ class StoreSource:
         self._history: dict[str, deque[float]] = {}
         self._engine: EngineState | None = None
         self._first = True  # the first poll warns of an empty store beside run folders
+        self._skipped: dict[str, int] = {}  # run id -> metrics lines that were not records
 
     # ---- polling ------------------------------------------------------------------
 
@@ -166,7 +165,10 @@ class StoreSource:
         return layout.run_dir(self.root, experiment, run_id)
 
     def metrics(self, run_id: str, offset: int) -> tuple[list[dict[str, Any]], int]:
-        return runlog.read_from(self._folder(run_id) / layout.METRICS, offset)
+        got = runlog.read(self._folder(run_id) / layout.METRICS, offset)
+        # lines that are not records are counted for the detail screen's note
+        self._skipped[run_id] = (self._skipped.get(run_id, 0) if offset else 0) + got.skipped
+        return got.records, got.offset
 
     def output_tail(self, run_id: str, max_bytes: int = 8192) -> str:
         try:
@@ -179,13 +181,13 @@ class StoreSource:
 
     def detail(self, run_id: str) -> RunDetail:
         run = self.store.get_run(run_id)
-        summary = run.summary
+        folder = self._folder(run_id)
+        summary = runlog.summary_fields(run.summary)
         if summary is None:
-            try:
-                summary = json.loads((self._folder(run_id) / layout.SUMMARY).read_text())
-            except (OSError, ValueError):
-                summary = None
-        return RunDetail(config=run.spec.config, summary=summary, error=run.error)
+            summary = runlog.read_summary(folder / layout.SUMMARY)
+        skipped = self._skipped.get(run_id, 0)
+        notes = (runlog.skipped_note(skipped, folder / layout.METRICS),) if skipped else ()
+        return RunDetail(config=run.spec.config, summary=summary, error=run.error, notes=notes)
 
     # ---- actions: intents written into the store ------------------------------------------
 
@@ -280,7 +282,9 @@ class StoreSource:
         runs = self.store.list_runs(experiment=experiment)
         frame = analysis.runs_frame(self.root, {r.id: r.status for r in runs},
                                     queued=[r.spec for r in runs if r.status == "queued"])
-        return analysis.ablation_table(frame, experiment)
+        table = analysis.ablation_table(frame, experiment)
+        table.attrs["notes"] = analysis.notes(frame)  # what the readers left out
+        return table
 
     def compare(self, experiment: str) -> Table:
         from gridrun.engine import analysis
@@ -307,12 +311,17 @@ class StoreSource:
                     cells.append("" if _nan(d) else f"{d:+.4g}" + ("" if _nan(p) else f" p={p:.2g}"))
             rows.append(tuple(cells))
         return Table(experiment, tuple(columns), tuple(rows), frozenset(best),
-                     note=f"{t.attrs['value']} validation value, mean ± std over finished seeds")
+                     note="\n".join([f"{t.attrs['value']} validation value, mean ± std over "
+                                     "finished seeds", *t.attrs["notes"]]))
 
-    def export_csv(self, experiment: str, path: str) -> str:
+    def export_csv(self, experiment: str, path: str, *, force: bool = False) -> str:
+        """Atomically; an existing file raises FileExistsError unless `force`, a
+        symbolic link is refused (ValueError) even then."""
+        from gridrun.engine import export
+
         target = Path(path).expanduser()
         target.parent.mkdir(parents=True, exist_ok=True)
-        self._table(experiment).to_csv(target, index=False)
+        export.write_frame(self._table(experiment), target, force=force)
         return str(target)
 
 

@@ -2,7 +2,8 @@
 
 It becomes its own session (the engine's signals and terminal are not its),
 takes the run's lock (so a run can never execute twice at once, whatever
-happened to the engine), points stdout/stderr at output.log, runs the worker,
+happened to the engine), points stdout/stderr at output.log (through a pipe to
+a keeper process that caps the file: engine/outputlog.py), runs the worker,
 and leaves an exit record that a restarted engine can read.
 
 `python -m gridrun.engine.backends.child RUN_DIR [--fresh]` is the fresh
@@ -16,6 +17,7 @@ import fcntl
 import json
 import os
 import signal
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -79,6 +81,46 @@ def read_exit_record(run_dir: str | os.PathLike) -> dict | None:
         return None
 
 
+def _capture_output(path: Path) -> subprocess.Popen | None:
+    """Point stdin at /dev/null and stdout/stderr at a pipe read by the keeper
+    (engine/outputlog.py), which writes `path` capped at 10 MB, head and tail.
+    Without a keeper (it could not start) they go straight to the file, uncapped."""
+    from gridrun.engine import outputlog
+
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    r, w = os.pipe()
+    try:
+        keeper = subprocess.Popen(
+            [sys.executable, "-I", "-S", outputlog.__file__, str(path)], stdin=r,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        keeper = None
+        os.close(w)
+        w = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.close(r)
+    with contextlib.suppress(OSError):  # room for bursts: the run rarely waits on the keeper
+        fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+    os.dup2(w, 1)
+    os.dup2(w, 2)
+    os.close(w)
+    return keeper
+
+
+def _release_output(keeper: subprocess.Popen | None, timeout: float = 10.0) -> None:
+    """Close our end of the pipe and wait until the keeper has written everything,
+    so output.log is complete when the run's end is seen (a DataLoader worker that
+    outlives us may hold the pipe: then we stop waiting after `timeout`)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+    if keeper is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            keeper.wait(timeout)
+
+
 def run(run_dir: str, *, fresh: bool, cuda_visible_devices: str, close_fds: tuple[int, ...] = ()) -> int:
     """Runs the worker in this process and returns its exit code. Never returns
     control to a fork server: the caller `os._exit`s with the code."""
@@ -105,15 +147,9 @@ def run(run_dir: str, *, fresh: bool, cuda_visible_devices: str, close_fds: tupl
     os.pwrite(lock_fd, json.dumps({"pid": pid, "start_time": start_time}).encode(), 0)
     (run_path / EXIT_RECORD).unlink(missing_ok=True)
 
-    out = os.open(run_path / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    null = os.open(os.devnull, os.O_RDONLY)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.dup2(null, 0)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(out)
-    os.close(null)
+    keeper = _capture_output(run_path / "output.log")
 
     try:
         from gridrun.engine import worker
@@ -126,6 +162,7 @@ def run(run_dir: str, *, fresh: bool, cuda_visible_devices: str, close_fds: tupl
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    _release_output(keeper)
     tmp = run_path / (EXIT_RECORD + ".tmp")
     tmp.write_text(json.dumps({"code": code, "pid": pid, "start_time": start_time}))
     tmp.replace(run_path / EXIT_RECORD)

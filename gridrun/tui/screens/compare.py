@@ -77,6 +77,22 @@ class CompareScreen(Screen):
         self.app.push_screen(Prompt("Export the table as CSV to", default), done)
 
     @work(thread=True, group="export", exit_on_error=False)
-    def export(self, path: str) -> None:
-        written = self.app.source.export_csv(self.experiment, path)
+    def export(self, path: str, force: bool = False) -> None:
+        """An existing file is replaced only after a yes; a symbolic link is refused
+        (the error becomes a notification)."""
+        try:
+            written = self.app.source.export_csv(self.experiment, path, force=force)
+        except FileExistsError:
+            self.app.call_from_thread(self.ask_replace, path)
+            return
         self.app.call_from_thread(self.notify, f"wrote {written}")
+
+    def ask_replace(self, path: str) -> None:
+        from gridrun.tui.screens.dialogs import Confirm
+
+        def done(yes: bool | None) -> None:
+            if yes:
+                self.export(path, force=True)
+            else:
+                self.notify(f"{path} left as it was", timeout=3)
+        self.app.push_screen(Confirm(f"{path} exists: replace it?"), done)

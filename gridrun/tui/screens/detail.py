@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
+from rich.markup import escape
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -92,14 +94,17 @@ class DetailScreen(Screen):
 
     def show(self, d: RunDetail, tail: str) -> None:
         self.query_one("#config", Static).update(
-            "\n".join(f"{k} = {v!r}" for k, v in sorted(d.config.items())) or "(no config)")
-        summary = "\n".join(f"{k}: {json.dumps(v)}" for k, v in (d.summary or {}).items()
-                            if k != "traceback")
+            escape("\n".join(f"{k} = {v!r}" for k, v in sorted(d.config.items()))) or "(no config)")
+        # files' text is shown as it is, never read as markup ("[/x]" in a traceback)
+        summary = escape("\n".join(f"{k}: {json.dumps(v)}" for k, v in (d.summary or {}).items()
+                                    if k != "traceback"))
         trace = (d.summary or {}).get("traceback") or d.error
         if trace:
-            summary = f"[b red]error[/]\n{trace}\n\n{summary}"
+            summary = f"[b red]error[/]\n{escape(str(trace))}\n\n{summary}"
+        if d.notes:
+            summary = "\n".join(f"[yellow]{escape(n)}[/]" for n in d.notes) + "\n\n" + summary
         self.query_one("#summary", Static).update(summary or "(no summary yet)")
-        self.query_one("#output", Static).update(tail or "(no output yet)")
+        self.query_one("#output", Static).update(Text(tail) if tail else "(no output yet)")
 
     def metrics_arrived(self, run_id: str, records: tuple[dict[str, Any], ...], reset: bool) -> None:
         if run_id != self.run.id:

@@ -1,0 +1,234 @@
+"""A run's output.log, capped: the keeper that writes it, and readers of its tail.
+
+A run's stdout and stderr go into a pipe (backends/child.py); this file, run as a
+script (`python -I -S outputlog.py PATH`: stdlib only, so it starts in
+milliseconds), is the keeper process that copies the pipe into PATH. When the
+file passes CAP bytes it is rewritten as its head (about the first HEAD bytes,
+up to a line end), one marker line, and its last KEEP bytes (from a line
+start), and renamed over PATH. So output.log never holds more than CAP bytes:
+the first lines the run printed and at least its last KEEP bytes.
+
+The trainer does no work per line: print() writes into a pipe as it wrote into
+a file. The keeper is its own session and ignores SIGTERM, SIGINT and SIGHUP;
+it ends at EOF, once every writer (the run and its DataLoader workers) has
+gone, after writing what they printed: nothing is lost when a run is killed,
+and a run never writes into a closed pipe. If the disk fails it keeps draining
+the pipe, so the run never blocks on it.
+
+Readers: `tail_lines` reads only the end of the file; `Follower` goes on from
+there across cuts, mapping its place through the marker, which says where the
+kept tail goes on in the run's whole output.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import signal
+import sys
+
+HEAD = 1 << 20  # the first lines a run printed: its set-up, the config, the first errors
+CAP = 10 << 20  # output.log never grows past this
+KEEP = 6 << 20  # what a cut keeps of the end; the file then grows back to CAP
+LINE_MAX = 1 << 16  # a cut looks this far for a line end, then cuts mid-line
+MARK = re.compile(rb"\[gridrun: output cut here: ([\d,]+) bytes left out; "
+                  rb"the output goes on at byte ([\d,]+)\]\n")
+TAIL_MAX = 16 << 20  # `tail_lines` reads at most this much, whatever the lines
+
+
+def marker(left_out: int, goes_on_at: int) -> bytes:
+    return (f"[gridrun: output cut here: {left_out:,} bytes left out; "
+            f"the output goes on at byte {goes_on_at:,}]\n").encode()
+
+
+def layout_of(f, head: int = HEAD) -> tuple[int, int, int, int] | None:
+    """(marker start, tail start, bytes left out, stream position of the tail start)
+    of an output.log that was cut, or None for one that never was."""
+    f.seek(0)
+    m = MARK.search(f.read(head + LINE_MAX + 256))
+    if m is None:
+        return None
+    return (m.start(), m.end(), int(m.group(1).replace(b",", b"")),
+            int(m.group(2).replace(b",", b"")))
+
+
+# --------------------------------------------------------------------------- the keeper
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _open(path: str) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+
+
+def cut(path: str, out: int, head: int = HEAD, keep: int = KEEP) -> int:
+    """Rewrite `path` (written through `out`) as head + marker + its last `keep`
+    bytes, renamed over it; returns the fd to go on writing to."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.cut")
+    with open(f"/proc/self/fd/{out}" if os.path.exists("/proc/self/fd") else path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        found = layout_of(f, head)
+        if found is None:
+            f.seek(0)
+            start = f.read(head)
+            end = start.rfind(b"\n") + 1 or len(start)
+            head_bytes, tail_start, left_out, stream_at = start[:end], end, 0, end
+        else:
+            mark_start, tail_start, left_out, stream_at = found
+            f.seek(0)
+            head_bytes = f.read(mark_start)
+        at = max(tail_start, size - keep)
+        f.seek(at)
+        at += f.read(LINE_MAX).find(b"\n") + 1  # from a line start (or mid-line, if none)
+        if at <= tail_start:
+            return out
+        if not head_bytes.endswith(b"\n"):
+            head_bytes += b"\n"
+        new = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW,
+                      0o600)
+        try:
+            _write_all(new, head_bytes + marker(left_out + at - tail_start,
+                                                stream_at + at - tail_start))
+            f.seek(at)
+            while chunk := f.read(1 << 20):
+                _write_all(new, chunk)
+            os.replace(tmp, path)
+        except BaseException:
+            os.close(new)
+            raise
+    os.close(out)
+    return new
+
+
+def keep_output(fd_in: int, path: str, head: int = HEAD, cap: int = CAP, keep: int = KEEP) -> None:
+    """Copy `fd_in` into `path` until EOF, cutting the file when it passes `cap`."""
+    out: int | None = None
+    try:
+        out = _open(path)
+        size = os.fstat(out).st_size
+    except OSError:
+        size = 0
+    next_cut = cap
+    while data := os.read(fd_in, 1 << 16):
+        if out is None:
+            continue  # the file cannot be written: drain, so that the run never blocks
+        try:
+            _write_all(out, data)
+            size += len(data)
+            if size > next_cut:
+                out = cut(path, out, head, keep)
+                size = os.fstat(out).st_size
+                next_cut = max(cap, size + (cap - keep) // 2)  # a cut that failed waits a while
+        except OSError:
+            next_cut = size + (cap - keep) // 2
+
+
+def main(argv: list[str]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # only EOF ends the keeper
+    path, *sizes = argv
+    keep_output(0, path, *map(int, sizes))
+
+
+# --------------------------------------------------------------------------- readers
+
+def _tail(f, lines: int) -> tuple[bytes, int]:
+    """The last `lines` lines of an open file, and the offset of its end; read
+    backwards in blocks, at most TAIL_MAX bytes whatever the lines' length."""
+    end = f.seek(0, 2)
+    if lines <= 0:
+        return b"", end
+    blocks: list[bytes] = []
+    pos, newlines = end, 0
+    while pos > 0 and end - pos < TAIL_MAX and newlines <= lines:
+        step = min(1 << 16, pos)
+        pos -= step
+        f.seek(pos)
+        blocks.append(f.read(step))
+        newlines += blocks[-1].count(b"\n")
+    data = b"".join(reversed(blocks))
+    at = len(data) - 1 if data.endswith(b"\n") else len(data)
+    for _ in range(lines):  # the start of the last `lines` lines: after that many newlines
+        at = data.rfind(b"\n", 0, at)
+        if at < 0:
+            break
+    return data[at + 1:], end
+
+
+def tail_lines(path: str | os.PathLike, lines: int) -> str:
+    """The last `lines` lines of `path` ("" if it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            return _tail(f, lines)[0].decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+class Follower:
+    """`gridrun logs -f`: the last `lines` lines, then whatever is appended. When the
+    keeper cuts the file (a new file renamed over it) the follower finishes the old
+    one, then goes on in the new one at the same place in the run's output."""
+
+    def __init__(self, path: str | os.PathLike, lines: int = 200) -> None:
+        self.path, self.lines = os.fspath(path), lines
+        self.f = None
+        self.pos = 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def read(self) -> str:
+        """What is new since the last call (the tail, on the first)."""
+        out: list[bytes] = []
+        if self.f is None:
+            try:
+                self.f = open(self.path, "rb")  # noqa: SIM115 - kept open between calls
+            except FileNotFoundError:
+                return ""
+            data, self.pos = _tail(self.f, self.lines)
+            out.append(data)
+        while True:
+            self.f.seek(self.pos)
+            data = self.f.read()
+            self.pos += len(data)
+            out.append(data)
+            try:
+                now = os.stat(self.path)
+            except FileNotFoundError:
+                break
+            if now.st_ino == os.fstat(self.f.fileno()).st_ino:
+                if now.st_size < self.pos:
+                    self.pos = 0  # truncated in place: start again
+                    continue
+                break
+            # cut: the old file is complete; find the same place in the new one
+            found = layout_of(self.f)
+            stream = self.pos if found is None or self.pos < found[1] else \
+                found[3] + self.pos - found[1]
+            self.f.close()
+            try:
+                self.f = open(self.path, "rb")  # noqa: SIM115
+            except FileNotFoundError:
+                self.f, self.pos = None, 0
+                break
+            found = layout_of(self.f)
+            if found is None:
+                self.pos = 0  # a new file altogether
+            elif stream >= found[3]:
+                self.pos = found[1] + stream - found[3]
+            else:
+                self.pos = found[1]
+                out.append(f"[gridrun logs: {found[3] - stream:,} bytes were cut before "
+                           "they could be shown]\n".encode())
+        return self.decoder.decode(b"".join(out))
+
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
+            self.f = None
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
