@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from gridrun.commands import analysis, engine, plan, train, tui
+from gridrun.commands import analysis, engine, plan, train, tui, verify
 
 app = typer.Typer(
     name="gridrun",
@@ -19,7 +19,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (tui, plan, train, engine, analysis):
+for module in (tui, plan, train, engine, analysis, verify):
     module.register(app)
 
 
