@@ -60,7 +60,10 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
             raise VerifyError(f"{run_dir}: no checkpoint to replay from ({layout.CHECKPOINTS}/last.pt)")
         start_step, offset = state["step"], state["metrics_offset"]
     recorded = runlog.read_from(run_dir / layout.METRICS, offset)[0]
-    last_step = max((r["step"] for r in recorded if isinstance(r.get("step"), int)), default=start_step)
+    recorded_summary = _read_json(run_dir / layout.SUMMARY)
+    # where the run ended: its last line, or a later stop that summary.json records
+    ends = [r.get("step") for r in recorded] + [recorded_summary.get("step")]
+    last_step = max((s for s in ends if isinstance(s, int)), default=start_step)
     if last_step <= start_step:
         where = f"after the checkpoint at step {start_step}" if from_checkpoint else "yet"
         raise VerifyError(f"{run_dir}: no steps recorded {where}: nothing to compare"
@@ -88,7 +91,7 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
         difference = compare_lines(window, replayed, summary)
         weights = "not compared"
         if difference is None:
-            weights, difference = compare_weights(run_dir, scratch, summary)
+            weights, difference = compare_weights(run_dir, recorded_summary, scratch, summary)
 
     return _record(run_dir, {
         "ok": difference is None, "steps": summary["step"] - start_step, "from_step": start_step,
@@ -96,7 +99,7 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
         "weights_sha256": summary["weights_sha256"], "difference": difference,
         "when": time.time(), "args": {"steps": steps, "from_checkpoint": from_checkpoint},
         "replay_status": summary["status"], "replay_error": summary["error"],
-        "device": summary["device"], "recorded_device": _read_json(run_dir / layout.SUMMARY).get("device"),
+        "device": summary["device"], "recorded_device": recorded_summary.get("device"),
         "wall_time_s": round(time.time() - started, 3),
     })
 
@@ -133,7 +136,8 @@ def compare_lines(recorded: list[dict[str, Any]], replayed: list[dict[str, Any]]
     return None
 
 
-def compare_weights(run_dir: Path, scratch: Path, summary: dict[str, Any]) -> tuple[str, dict | None]:
+def compare_weights(run_dir: Path, recorded_summary: dict[str, Any], scratch: Path,
+                    summary: dict[str, Any]) -> tuple[str, dict | None]:
     """("identical" | "differs" | "not compared", the difference) for the replay's final weights.
 
     Compared with the recorded `weights_sha256` when summary.json is at the same
@@ -142,7 +146,6 @@ def compare_weights(run_dir: Path, scratch: Path, summary: dict[str, Any]) -> tu
     step, replayed = summary["step"], summary["weights_sha256"]
     if replayed is None:  # the replay failed: its lines said so already, or there was nothing after
         return "not compared", None
-    recorded_summary = _read_json(run_dir / layout.SUMMARY)
     if recorded_summary.get("step") == step and recorded_summary.get("weights_sha256"):
         expected = recorded_summary["weights_sha256"]
         if expected == replayed:

@@ -20,9 +20,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gridrun.engine import layout, runlog
+from gridrun.engine import layout, runlog, verdict
 from gridrun.engine.store import Run, Store
-from gridrun.tui.source import EngineState, GpuRow, Machine, Plan, RunDetail, RunRow, Table, Update
+from gridrun.tui.source import (
+    EngineState,
+    GpuRow,
+    Machine,
+    Plan,
+    RunDetail,
+    RunRow,
+    Table,
+    Update,
+    Verdict,
+)
 
 LOWER_HINTS = ("loss", "error", "perplexity")
 
@@ -172,7 +182,12 @@ class StoreSource:
                 summary = json.loads((self._folder(run_id) / layout.SUMMARY).read_text())
             except (OSError, ValueError):
                 summary = None
-        return RunDetail(config=run.spec.config, summary=summary, error=run.error)
+        shown = None
+        if (found := verdict.read(self._folder(run_id))) is not None:  # None: missing or garbage
+            when = found.get("when")
+            when = when if isinstance(when, int | float) and math.isfinite(when) else None
+            shown = Verdict(found["ok"], verdict.describe(found, short=True), when)
+        return RunDetail(config=run.spec.config, summary=summary, error=run.error, verdict=shown)
 
     # ---- actions: intents written into the store ------------------------------------------
 
