@@ -234,6 +234,11 @@ def test_bad_input_exits_2_with_one_line(copy, tmp_path):
     assert "neither a run folder" in run("abc", "--root", str(tmp_path / "empty"))
     with pytest.raises(VerifyError, match="at least 1"):
         verify(copy, steps=0)
+    config = (copy / layout.CONFIG).read_text().replace('task = "spirals"', 'task = "no_such_module:task"')
+    (copy / layout.CONFIG).write_text(config)
+    message = run(str(copy))
+    assert "the replay could not start: " in message and "no_such_module" in message
+    assert "Traceback" not in message
     assert not (copy / layout.VERIFY).exists()
 
 

@@ -13,6 +13,8 @@ learning-rate schedule). The one file written in the run folder is
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import shutil
@@ -25,7 +27,7 @@ from typing import Any
 
 import torch
 
-from gridrun.engine import checkpoint, layout, runlog, verdict
+from gridrun.engine import checkpoint, layout, runlog, states, verdict
 from gridrun.engine.spec import read_run_config
 from gridrun.engine.trainer import train
 
@@ -84,27 +86,29 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
             progress(calls, target - start_step)
             return start_step + calls >= target
 
-        summary = train(run, scratch, fresh=not from_checkpoint, should_stop=should_stop,
-                        log=lambda line: None)
+        with contextlib.redirect_stderr(io.StringIO()):  # a failure's traceback is in summary
+            summary = train(run, scratch, fresh=not from_checkpoint, should_stop=should_stop,
+                            log=lambda line: None)
         replayed = runlog.read_from(scratch / layout.METRICS, offset)[0]
+        if not replayed and summary["status"] == states.FAILED:  # e.g. the task no longer imports
+            raise VerifyError(f"{run_dir}: the replay could not start: {summary['error']}")
         window = [r for r in recorded if r.get("step", 0) <= target]
         difference = compare_lines(window, replayed, summary)
         weights = "not compared"
         if difference is None:
             weights, difference = compare_weights(run_dir, recorded_summary, scratch, summary)
+    # a replay that failed leaves summary["step"] at 0: its last line says how far it came
+    end = max([summary["step"], *(r["step"] for r in replayed if isinstance(r.get("step"), int))])
 
-    return _record(run_dir, {
-        "ok": difference is None, "steps": summary["step"] - start_step, "from_step": start_step,
-        "to_step": summary["step"], "lines": min(len(window), len(replayed)), "weights": weights,
+    result = {
+        "ok": difference is None, "steps": end - start_step, "from_step": start_step,
+        "to_step": end, "lines": min(len(window), len(replayed)), "weights": weights,
         "weights_sha256": summary["weights_sha256"], "difference": difference,
         "when": time.time(), "args": {"steps": steps, "from_checkpoint": from_checkpoint},
         "replay_status": summary["status"], "replay_error": summary["error"],
         "device": summary["device"], "recorded_device": recorded_summary.get("device"),
         "wall_time_s": round(time.time() - started, 3),
-    })
-
-
-def _record(run_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
+    }
     verdict.write(run_dir, result)
     return result
 
