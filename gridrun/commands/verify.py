@@ -61,7 +61,8 @@ def register(app: typer.Typer) -> None:
         console = Console(stderr=True)
         try:
             with Progress(TextColumn(f"replaying {folder.name}"), BarColumn(), MofNCompleteColumn(),
-                          TextColumn("steps"), console=console, transient=True) as bar:
+                          TextColumn("steps"), console=console, transient=True,
+                          disable=not console.is_terminal) as bar:
                 task = bar.add_task("replay", total=None)
                 result = replay(folder, steps=steps, from_checkpoint=from_checkpoint,
                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
