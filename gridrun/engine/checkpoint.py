@@ -9,9 +9,10 @@ line, never answered with torch's advice to unpickle it unsafely.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,18 @@ def discard(folder: str | os.PathLike) -> None:
     """Forget the resumable checkpoints of `folder` (a fresh start)."""
     for name in (LAST, PREV):
         (Path(folder) / name).unlink(missing_ok=True)
+
+
+def weights_sha256(state_dict: Mapping[str, Any]) -> str:
+    """A hash of a state dict that two machines agree on: keys in sorted order, and for
+    each its name, dtype, shape and the bytes of a contiguous CPU copy."""
+    h = hashlib.sha256()
+    for key in sorted(state_dict):
+        value = state_dict[key]
+        if not isinstance(value, torch.Tensor):  # e.g. a module's extra state
+            h.update(f"{key}\0{value!r}\0".encode())
+            continue
+        tensor = value.detach().cpu().contiguous()
+        h.update(f"{key}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        h.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return h.hexdigest()

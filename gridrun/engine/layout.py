@@ -12,6 +12,7 @@ METRICS = "metrics.jsonl"
 OUTPUT = "output.log"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
+VERIFY = "verify.json"  # the last `gridrun verify` verdict (gridrun/engine/verdict.py)
 
 
 def default_root() -> Path:

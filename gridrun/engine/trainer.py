@@ -86,7 +86,8 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         "tokens_per_s": None, "peak_memory_bytes": None, "started_at": started, "ended_at": None,
         "wall_time_s": None, "device": None, "torch_version": torch.__version__,
         "determinism": None, "precision": None, "error": None, "traceback": None,
-        "diverged_step": None, "resumed_from_step": None, "warnings": [],
+        "diverged_step": None, "resumed_from_step": None, "weights_sha256": None,
+        "warnings": [],
     }
 
     def warn(message: str) -> None:
@@ -302,6 +303,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
                     break
 
         summary.update(status=status, step=step, epoch=epoch)
+        summary["weights_sha256"] = checkpoint.weights_sha256(model.state_dict())
         summary["best"], summary["best_step"] = best["metrics"], best["step"]
         if train_time:
             summary["samples_per_s"] = total_samples / train_time

@@ -81,11 +81,21 @@ class Update:
 
 
 @dataclass(frozen=True)
+class Verdict:
+    """The last `gridrun verify` of a run: 'bitwise identical over 186 steps' or 'differs at step 40 loss'."""
+
+    ok: bool
+    text: str
+    when: float | None = None
+
+
+@dataclass(frozen=True)
 class RunDetail:
     config: Mapping[str, Any]
     summary: Mapping[str, Any] | None
     error: str | None
     notes: tuple[str, ...] = ()  # what the reader left out, e.g. unreadable metrics lines
+    verdict: Verdict | None = None
 
 
 @dataclass(frozen=True)

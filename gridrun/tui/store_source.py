@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gridrun.engine import layout, runlog
+from gridrun.engine import layout, runlog, verdict
 from gridrun.engine.doctor import lost_queue_warning
 from gridrun.engine.store import Run, Store
 from gridrun.tui.source import (
@@ -32,6 +32,7 @@ from gridrun.tui.source import (
     Table,
     TaskCheck,
     Update,
+    Verdict,
 )
 
 LOWER_HINTS = ("loss", "error", "perplexity")
@@ -187,7 +188,13 @@ class StoreSource:
             summary = runlog.read_summary(folder / layout.SUMMARY)
         skipped = self._skipped.get(run_id, 0)
         notes = (runlog.skipped_note(skipped, folder / layout.METRICS),) if skipped else ()
-        return RunDetail(config=run.spec.config, summary=summary, error=run.error, notes=notes)
+        shown = None
+        if (found := verdict.read(folder)) is not None:  # None: missing or garbage
+            when = found.get("when")
+            when = when if isinstance(when, int | float) and math.isfinite(when) else None
+            shown = Verdict(found["ok"], verdict.describe(found, short=True), when)
+        return RunDetail(config=run.spec.config, summary=summary, error=run.error, notes=notes,
+                         verdict=shown)
 
     # ---- actions: intents written into the store ------------------------------------------
 

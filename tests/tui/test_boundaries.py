@@ -21,7 +21,7 @@ def test_interface_never_imports_torch():
 def test_engine_never_imports_textual():
     mods = imported("import importlib\n"
                     "for m in ('store', 'scheduler', 'daemon', 'analysis', 'telemetry', 'spec',"
-                    " 'runlog', 'worker', 'trainer'):\n"
+                    " 'runlog', 'worker', 'trainer', 'verify', 'verdict'):\n"
                     "    try: importlib.import_module('gridrun.engine.' + m)\n"
                     "    except ModuleNotFoundError as e:\n"
                     "        if not e.name.startswith('gridrun'): raise")

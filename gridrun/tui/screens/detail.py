@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-from rich.markup import escape
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
+from textual.markup import escape
 from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
-from gridrun.tui.source import RunDetail, RunRow
+from gridrun.tui.source import RunDetail, RunRow, Verdict
 from gridrun.tui.widgets import fmt
 from gridrun.tui.widgets.curves import Curves, Series
 
@@ -61,9 +61,7 @@ class DetailScreen(Screen):
         self.title = f"{run.id} {run.experiment} {run.variant}"
 
     def compose(self) -> ComposeResult:
-        r = self.run
-        yield Static(f" {r.id}  {r.experiment}  {r.variant or '-'}  seed {r.seed}  "
-                     f"{fmt.status(r.status).plain}", id="title")
+        yield Static(self.heading(), id="title")
         with TabbedContent(id="tabs"):
             with TabPane("curves", id="curves-tab"), Horizontal():
                 yield Curves(id="loss")
@@ -75,6 +73,14 @@ class DetailScreen(Screen):
             with TabPane("config", id="config-tab"):
                 yield Static("", id="config")
         yield Footer()
+
+    def heading(self, verdict: Verdict | None = None) -> Text:
+        r = self.run
+        text = Text(f" {r.id}  {r.experiment}  {r.variant or '-'}  seed {r.seed}  "
+                    f"{fmt.status(r.status).plain}")
+        if verdict:
+            text.append("  ").append_text(fmt.verdict(verdict))
+        return text
 
     def on_mount(self) -> None:
         self.app.bridge.watch(self.run.id)
@@ -103,7 +109,11 @@ class DetailScreen(Screen):
             summary = f"[b red]error[/]\n{escape(str(trace))}\n\n{summary}"
         if d.notes:
             summary = "\n".join(f"[yellow]{escape(n)}[/]" for n in d.notes) + "\n\n" + summary
+        if d.verdict:
+            line = fmt.verdict(d.verdict)
+            summary = f"[{line.style}]{escape(line.plain)}[/]\n\n{summary}"
         self.query_one("#summary", Static).update(summary or "(no summary yet)")
+        self.query_one("#title", Static).update(self.heading(d.verdict))
         self.query_one("#output", Static).update(Text(tail) if tail else "(no output yet)")
 
     def metrics_arrived(self, run_id: str, records: tuple[dict[str, Any], ...], reset: bool) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 from rich.text import Text
 
-from gridrun.tui.source import RunRow
+from gridrun.tui.source import RunRow, Verdict
 
 GLYPHS = {"queued": ("·", "dim"), "running": ("▶", "bold cyan"), "completed": ("✓", "green"),
           "failed": ("✗", "bold red"), "diverged": ("∿", "magenta"), "oom": ("!", "bold red"),
@@ -88,3 +90,9 @@ def size(b: float | None) -> str:
     if b is None:
         return "n/a"
     return f"{b / 2**30:.1f}G"
+
+
+def verdict(v: Verdict) -> Text:
+    """'verify: bitwise identical over 186 steps (2026-12-03 15:40)', green, or red when it differs."""
+    when = f" ({time.strftime('%Y-%m-%d %H:%M', time.localtime(v.when))})" if v.when else ""
+    return Text(f"verify: {v.text}{when}", style="green" if v.ok else "bold red")
