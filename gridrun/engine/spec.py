@@ -12,6 +12,7 @@ import inspect
 import itertools
 import json
 import math
+import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -157,11 +158,15 @@ def run_id(experiment: str, task: str, trainer: Mapping[str, Any], task_args: Ma
 
 
 def write_run_config(path: str | Path, run: RunSpec) -> None:
-    """`config.toml` of a run folder, written atomically."""
+    """`config.toml` of a run folder, written atomically, 0600, never through a
+    symlink (a symlink at the temporary name is refused; one at `path` is replaced)."""
     path = Path(path)
     tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text(tomli_w.dumps(run.to_dict()))
-    tmp.replace(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        os.fchmod(fd, 0o600)
+        f.write(tomli_w.dumps(run.to_dict()))
+    os.replace(tmp, path)
 
 
 def read_run_config(path: str | Path) -> RunSpec:
