@@ -32,6 +32,7 @@ def open_store(root: Path) -> Iterator[Any]:
     """The store under `root`, for a command: a damaged one ends the command with
     its one-line reason (exit 2), wherever the damage shows; an empty one while
     run folders exist says so on stderr first."""
+    from gridrun.engine.layout import UnsafeRoot
     from gridrun.engine.store import Store, StoreDamaged
 
     try:
@@ -43,5 +44,5 @@ def open_store(root: Path) -> Iterator[Any]:
                 if warning:
                     typer.echo(f"warning: {warning}", err=True)
             yield store
-    except StoreDamaged as e:
+    except (StoreDamaged, UnsafeRoot) as e:  # one line each, with what to do
         fail(str(e))

@@ -75,6 +75,11 @@ def _queue(file: Path, root: Path, force: bool,
         fail(f"{e}\nnothing was queued")
     except BackendError as e:
         fail(f"{file}: {e}\nnothing was queued")
+    from gridrun.engine.layout import root_problems
+
+    unsafe = root_problems(root)  # a symlinked or foreign experiment folder, say
+    if unsafe:
+        fail("\n".join(unsafe))
     if check:
         from gridrun.commands.plan import check_or_exit
 
@@ -153,10 +158,12 @@ def _results(root: Path, file: Path, runs: list) -> None:
 
 def engine_start(root: RootOption = DEFAULT_ROOT) -> None:
     """Start the background engine for this root (one per root)."""
-    from gridrun.engine import daemon
+    from gridrun.engine import daemon, layout
 
     try:
         st = daemon.start(root)
+    except layout.UnsafeRoot as e:
+        fail(str(e))
     except RuntimeError as e:
         fail(str(e), 1)
     typer.echo(f"engine running (pid {st.pid}); log: {st.log}")
@@ -180,15 +187,19 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
     """Whether the engine runs, and the queue's counts."""
     from gridrun.engine import daemon
 
-    st = daemon.status(root)
     with _store(root) as store:
+        st = daemon.status(root, store=store)
         counts, paused = store.counts(), store.paused
     if as_json:
         typer.echo(json.dumps({"running": st.running, "starting": st.starting, "pid": st.pid,
+                               "responding": st.responding, "heartbeat_age": st.heartbeat_age,
                                "paused": paused, "counts": counts, "log": str(st.log)}))
         return
     state = "not running" if not st.running else (
         f"starting its backend (pid {st.pid})" if st.starting else f"running (pid {st.pid})")
+    if not st.responding:
+        state = (f"not responding for {st.heartbeat_age:.0f} s (pid {st.pid}): stopped or stuck; "
+                 f"`kill -CONT {st.pid}` wakes a stopped one, `gridrun engine stop --force` ends it")
     typer.echo(f"engine: {state}"
                + (" · paused" if paused else "") + f" · root {root}")
     typer.echo("runs: " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"))

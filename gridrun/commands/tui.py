@@ -15,13 +15,14 @@ from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
 
 
 def open_app(root: Path, file: Path | None = None) -> None:
+    from gridrun.engine.layout import UnsafeRoot
     from gridrun.engine.store import StoreDamaged
     from gridrun.tui.app import GridrunApp
     from gridrun.tui.store_source import StoreSource
 
     try:
         source = StoreSource(root)
-    except StoreDamaged as e:  # damage found later shows as the bridge's notification
+    except (StoreDamaged, UnsafeRoot) as e:  # damage found later shows as the bridge's notification
         fail(str(e))
     app = GridrunApp(source)
     if file is not None:

@@ -26,6 +26,8 @@ from typing import Any
 from gridrun.engine import layout
 
 LOCK, PID, LOG = "engine.lock", "engine.pid", "engine.log"
+HEARTBEAT = "engine_heartbeat"  # scheduler.HEARTBEAT (not imported: status stays light)
+NOT_RESPONDING_AFTER = 15.0  # seconds without a heartbeat (it beats every second)
 
 
 @dataclass(frozen=True)
@@ -36,9 +38,18 @@ class EngineStatus:
     root: Path
     log: Path
     starting: bool = False  # alive, but its backend (a Ray cluster, say) is not up yet
+    heartbeat_age: float | None = None  # seconds since its last heartbeat; None: none yet
+
+    @property
+    def responding(self) -> bool:
+        """False when the process is there but its loop stopped (SIGSTOP, stuck)."""
+        return not (self.running and not self.starting and self.heartbeat_age is not None
+                    and self.heartbeat_age > NOT_RESPONDING_AFTER)
 
 
-def status(root: str | os.PathLike) -> EngineStatus:
+def status(root: str | os.PathLike, *, store: Any = None, heartbeat: bool = True) -> EngineStatus:
+    """Whether the engine of `root` runs; with `heartbeat`, how long ago its loop
+    last said so (read from `store`, or a Store opened for the purpose)."""
     root = Path(root)
     info: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
@@ -49,8 +60,26 @@ def status(root: str | os.PathLike) -> EngineStatus:
         from gridrun.engine.backends.child import alive as process_alive
 
         alive = process_alive(pid, started) is not None  # a zombie engine is not running
+    starting = alive and info.get("state") == "starting"
+    age = _heartbeat_age(root, pid, store) if heartbeat and alive and not starting else None
     return EngineStatus(alive, pid if alive else None, info.get("started_at") if alive else None,
-                        root, root / LOG, starting=alive and info.get("state") == "starting")
+                        root, root / LOG, starting=starting, heartbeat_age=age)
+
+
+def _heartbeat_age(root: Path, pid: int, store: Any) -> float | None:
+    try:
+        if store is None:
+            from gridrun.engine.store import Store
+
+            with Store(root) as opened:
+                beat = opened.get_state(HEARTBEAT)
+        else:
+            beat = store.get_state(HEARTBEAT)
+    except Exception:  # an unreadable store says nothing about the engine
+        return None
+    if not isinstance(beat, dict) or beat.get("pid") != pid:
+        return None  # none yet from this engine (an older engine's does not count)
+    return max(0.0, time.time() - float(beat.get("t", 0)))
 
 
 def start(root: str | os.PathLike, config: Any = None, *, timeout: float = 30.0,
@@ -64,16 +93,17 @@ def start(root: str | os.PathLike, config: Any = None, *, timeout: float = 30.0,
     later starts; an engine already running keeps the config it started with.
     """
     root = Path(root).resolve()
-    current = status(root)
+    current = status(root, heartbeat=False)
     proc = None
     if not current.running:
-        layout.make_private_dir(root)
+        layout.check_root(root)  # layout.UnsafeRoot: others can write it
         if config is not None:
             from gridrun.engine.store import Store
 
             with Store(root) as store:
                 store.set_state("engine_config", dataclasses.asdict(config))
-        log_fd = os.open(root / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log_fd = os.open(root / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
+                         0o600)
         log_from = os.fstat(log_fd).st_size  # reasons for a failed start come after this
         try:
             proc = subprocess.Popen([sys.executable, "-m", "gridrun.engine.daemon", str(root)],
@@ -84,13 +114,13 @@ def start(root: str | os.PathLike, config: Any = None, *, timeout: float = 30.0,
     start_deadline = time.monotonic() + timeout
     backend_deadline = start_deadline + backend_timeout
     while True:
-        current = status(root)
+        current = status(root, heartbeat=False)
         if current.running and not current.starting:
             if proc is not None:
                 proc.returncode = 0  # detached: it outlives us, don't warn
             return current
         if proc is not None and proc.poll() is not None:
-            current = status(root)  # another engine won the lock meanwhile?
+            current = status(root, heartbeat=False)  # another engine won the lock meanwhile?
             if current.running:
                 proc = None
                 continue
@@ -123,14 +153,14 @@ def _start_error(log: Path, offset: int) -> str:
 def stop(root: str | os.PathLike, *, timeout: float = 300.0, force: bool = False) -> bool:
     """SIGTERM the engine (SIGKILL with `force`) and wait for it to exit.
     Returns False if no engine was running."""
-    current = status(root)
+    current = status(root, heartbeat=False)
     if not current.running:
         return False
     os.kill(current.pid, signal.SIGKILL if force else signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and status(root).running:
+    while time.monotonic() < deadline and status(root, heartbeat=False).running:
         time.sleep(0.05)
-    if status(root).running:
+    if status(root, heartbeat=False).running:
         raise RuntimeError(f"the engine (pid {current.pid}) did not stop within {timeout:.0f} s")
     return True
 
@@ -169,8 +199,12 @@ def serve(root: Path, **engine_options: Any) -> int:
     from gridrun.engine.store import Store, StoreDamaged
 
     root = Path(root).resolve()
-    layout.make_private_dir(root)
-    lock_fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        layout.check_root(root)
+    except layout.UnsafeRoot as e:
+        print(e, file=sys.stderr)
+        return 2
+    lock_fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -1,8 +1,19 @@
-"""Where things live under a runs root (see DESIGN.md "Runs on disk")."""
+"""Where things live under a runs root (see DESIGN.md "Runs on disk"), and the
+checks that keep the root private.
+
+A root belongs to one user: gridrun refuses a root (or anything in it) that
+another user owns or that group or others can write, and never follows a
+symlink inside it. Run folders are made and opened one component at a time
+with O_NOFOLLOW from a descriptor of the root, so a symlink swapped in
+between a check and a use is refused as well.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import stat
 from pathlib import Path
 
 DEFAULT_ROOT = "runs"
@@ -13,6 +24,23 @@ OUTPUT = "output.log"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
 VERIFY = "verify.json"  # the last `gridrun verify` verdict (gridrun/engine/verdict.py)
+# gridrun's own files at the top of a root (the engine's are named in daemon.py)
+ROOT_FILES = (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm", "engine.log", "engine.pid",
+              "engine.lock")
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UnsafePath(Exception):
+    """A path under the root that gridrun will not use; str() is one line with the fix."""
+
+
+class UnsafeRoot(UnsafePath):
+    """The root itself is not private to this user. `problems`: one line each."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
 
 
 def default_root() -> Path:
@@ -32,3 +60,197 @@ def make_private_dir(path: str | os.PathLike) -> Path:
         p.mkdir(mode=0o700, exist_ok=True)
         os.chmod(p, 0o700)
     return path
+
+
+# ---- what is wrong with a path ----------------------------------------------------------
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def problem(path: str | os.PathLike, st: os.stat_result, *, folder: bool,
+            follow: bool = False) -> str | None:
+    """What makes `path` (whose lstat is `st`) unfit for gridrun, with the fix; None if fine."""
+    if stat.S_ISLNK(st.st_mode) and not follow:
+        return (f"{path} is a symlink: gridrun never follows a symlink inside its root; "
+                f"remove it (rm {path})")
+    if folder and not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a folder (something else is in the way): move it away"
+    if not folder and not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file: move it away"
+    if st.st_uid != os.geteuid():
+        return (f"{path} belongs to {_owner(st.st_uid)}, not to you ({_owner(os.geteuid())}): "
+                "use a runs root of your own (--root or GRIDRUN_ROOT) or move it away")
+    if st.st_mode & 0o022:
+        return (f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}): "
+                f"another user could plant files or symlinks; fix it with "
+                f"`chmod {'700' if folder else '600'} {path}`")
+    return None
+
+
+def _entries(path: Path) -> list[tuple[Path, os.stat_result]]:
+    out = []
+    with contextlib.suppress(OSError), os.scandir(path) as it:
+        for entry in it:
+            with contextlib.suppress(OSError):
+                out.append((path / entry.name, entry.stat(follow_symlinks=False)))
+    return out
+
+
+def root_problems(root: str | os.PathLike, *, deep: bool = False,
+                  experiments: bool = True) -> list[str]:
+    """Everything that makes `root` unsafe to use, one line each with its fix.
+
+    The root itself may be a symlink (`runs -> /scratch/me/runs`); nothing in it
+    may be. Checks the root, gridrun's files in it and (with `experiments`) each
+    experiment folder; `deep` also checks every run folder and what it holds.
+    A root that does not exist yet has no problems: it is created 0700.
+    """
+    root = Path(root)
+    try:
+        st = os.stat(root)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        return [f"{root} cannot be read: {e.strerror}"]
+    found = problem(root, st, folder=True, follow=True)
+    if found:
+        return [found]  # nothing inside a root others can write can be trusted
+    problems = []
+    for path, st in _entries(root):
+        if path.name in ROOT_FILES or path.name.startswith(DB_NAME):
+            found = problem(path, st, folder=False)
+        elif stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode):
+            if not experiments:
+                continue
+            found = problem(path, st, folder=True)
+            if not found and deep:
+                problems += _run_folder_problems(path)
+        else:
+            continue  # a file of the user's own (runs/README.md)
+        if found:
+            problems.append(found)
+    return problems
+
+
+def _run_folder_problems(experiment_dir: Path) -> list[str]:
+    problems = []
+    for run, st in _entries(experiment_dir):
+        found = problem(run, st, folder=True)
+        if found:
+            problems.append(found)
+            continue
+        inside = _entries(run)
+        inside += [e for path, st in inside if path.name == CHECKPOINTS
+                   and stat.S_ISDIR(st.st_mode) for e in _entries(path)]
+        for path, st in inside:
+            found = problem(path, st, folder=stat.S_ISDIR(st.st_mode))
+            if found:
+                problems.append(found)
+    return problems
+
+
+def check_root(root: str | os.PathLike) -> Path:
+    """Create the root (0700) if it is missing; raise UnsafeRoot if it, or one of
+    gridrun's files in it, is not private to this user."""
+    root = Path(root)
+    if not root.exists():
+        make_private_dir(root)
+    problems = root_problems(root, experiments=False)
+    if problems:
+        raise UnsafeRoot(problems)
+    return root
+
+
+# ---- making and reading run folders without following symlinks ---------------------------
+
+
+def _open_dir(parent_fd: int, name: str, shown: Path, *, create: bool) -> int:
+    """A descriptor of the folder `name` in `parent_fd`, made 0700 if missing and
+    `create`; refuses a symlink, another user's folder or one others can write."""
+    created = False
+    if create:
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+            created = True
+        except FileExistsError:
+            pass
+    found = problem(shown, os.stat(name, dir_fd=parent_fd, follow_symlinks=False), folder=True)
+    if found:
+        raise UnsafePath(found)
+    try:
+        fd = os.open(name, _DIR, dir_fd=parent_fd)
+    except OSError as e:  # swapped for a symlink or a file since the check
+        raise UnsafePath(f"{shown} changed while gridrun opened it ({e.strerror}): "
+                         "check who else writes in the runs root") from e
+    if created:
+        os.fchmod(fd, 0o700)  # whatever the umask
+    found = problem(shown, os.fstat(fd), folder=True)
+    if found:
+        os.close(fd)
+        raise UnsafePath(found)
+    return fd
+
+
+def _open_run_dir(path: Path, *, create: bool) -> int:
+    root_fd = os.open(path.parent.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        exp_fd = _open_dir(root_fd, path.parent.name, path.parent, create=create)
+    finally:
+        os.close(root_fd)
+    try:
+        return _open_dir(exp_fd, path.name, path, create=create)
+    finally:
+        os.close(exp_fd)
+
+
+def make_run_dir(root: str | os.PathLike, experiment: str, run_id: str) -> Path:
+    """ROOT/EXPERIMENT/RUN_ID and its checkpoints folder, made 0700 if missing,
+    never through a symlink. Raises UnsafePath (with the fix) for a symlink,
+    another user's folder, one others can write or something else in the way,
+    inside the run folder too; OSError for what the system refuses."""
+    path = run_dir(root, experiment, run_id)
+    fd = _open_run_dir(path, create=True)
+    try:
+        os.close(_open_dir(fd, CHECKPOINTS, path / CHECKPOINTS, create=True))
+        for name in os.listdir(fd):
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            found = problem(path / name, st, folder=stat.S_ISDIR(st.st_mode))
+            if found:
+                raise UnsafePath(found)
+    finally:
+        os.close(fd)
+    return path
+
+
+def read_private(path: str | os.PathLike) -> bytes:
+    """The bytes of ROOT/EXPERIMENT/RUN_ID/NAME, read only if the experiment
+    folder, the run folder and the file are this user's, not writable by group
+    or others, and not symlinks, all checked on the descriptors that are read
+    (a path swapped after the check is refused, not read)."""
+    path = Path(path)
+    dir_fd = _open_run_dir(path.parent, create=False)
+    try:
+        try:
+            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # a symlink
+                raise UnsafePath(problem(path, os.stat(path.name, dir_fd=dir_fd,
+                                                       follow_symlinks=False), folder=False)) from e
+            raise
+    finally:
+        os.close(dir_fd)
+    try:
+        found = problem(path, os.fstat(fd), folder=False)
+        if found:
+            raise UnsafePath(found)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read()
+    finally:
+        os.close(fd)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from gridrun.engine.store import Run, Store
 log = logging.getLogger("gridrun.engine")
 
 MAX_RESTARTS = 3  # a run whose process keeps dying under it fails after this
+HEARTBEAT = "engine_heartbeat"  # store state: {"pid", "t"}, written every HEARTBEAT_EVERY s
+HEARTBEAT_EVERY = 1.0
 OUTPUT_TAIL_LINES = 30
 
 
@@ -69,6 +72,15 @@ def read_summary(run_dir: Path) -> dict | None:
         return None
 
 
+def folder_id(path: Path) -> tuple[int, int] | None:
+    """Which folder `path` is (device, inode), or None if there is none."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 @dataclass
 class Active:
     run_id: str
@@ -76,6 +88,7 @@ class Active:
     slot: Slot | None
     started_at: float
     cancelling: bool = False
+    folder: tuple[int, int] | None = None  # the run folder it was given (folder_id)
 
 
 class Engine:
@@ -93,6 +106,7 @@ class Engine:
         self.stopping = self.started = False
         self._next_sample = 0.0
         self._next_processes = 0.0
+        self._next_heartbeat = 0.0
         self._processes: list = []
 
     # ---- the loop -------------------------------------------------------------
@@ -101,6 +115,7 @@ class Engine:
         self.backend.start()
         self.recover()
         self.started = True
+        self.heartbeat()
         if self.stopping:  # asked to stop while the backend was starting: stop what was adopted
             self._stop_active()
 
@@ -128,8 +143,28 @@ class Engine:
             self.apply_intents()
             self.launch_ready()
         for event in self.backend.poll(self.tick if timeout is None else timeout):
-            self.finished(event)
+            try:
+                self.finished(event)
+            except Exception as e:  # one run's ending never takes the engine down
+                log.exception("could not record how %s ended", event.handle.run_id)
+                self.active.pop(event.handle.run_id, None)
+                self.store.transition(event.handle.run_id, states.RUNNING, states.FAILED,
+                                      ended_at=time.time(), slot=None, pid=None,
+                                      error=f"the engine could not record how it ended: "
+                                            f"{type(e).__name__}: {e}", note="failed")
         self.sample_telemetry()
+        self.heartbeat()
+
+    def heartbeat(self) -> None:
+        """Say "alive" in the store (daemon.status reads it): a frozen engine stops saying it."""
+        now = time.monotonic()
+        if now < self._next_heartbeat:
+            return
+        self._next_heartbeat = now + HEARTBEAT_EVERY
+        try:
+            self.store.set_state(HEARTBEAT, {"pid": os.getpid(), "t": time.time()})
+        except Exception as e:  # a busy store is no reason to stop
+            log.warning("could not write the heartbeat: %s", e)
 
     def idle(self) -> bool:
         return not self.active and not self.store.next_queued(1, now=float("inf"))
@@ -137,15 +172,28 @@ class Engine:
     # ---- recovery ---------------------------------------------------------------
 
     def recover(self) -> None:
-        """Adopt runs whose process still runs; queue again those whose process is gone."""
+        """Adopt runs whose process still runs; queue again those whose process is
+        gone, unless a cancel was asked while no engine ran: then they are cancelled."""
+        cancels = {i.run_id: i for i in self.store.intents(pending=True, limit=1_000_000)
+                   if i.kind == "cancel"}
         for run in self.store.list_runs(status=states.RUNNING):
             slot = self._free_slot(prefer=run.slot)
-            handle = self.backend.reattach(run.id, run.run_dir(self.root), run.pid,
-                                           run.pid_start_time, slot)
+            try:
+                handle = self.backend.reattach(run.id, run.run_dir(self.root), run.pid,
+                                               run.pid_start_time, slot)
+            except Exception as e:  # e.g. its folder is no folder any more
+                log.warning("could not look for the process of %s: %s", run.id, e)
+                handle = None
             if handle is None:
-                self._requeue(run, "interrupted: its process was gone when the engine restarted")
+                if run.id in cancels:
+                    self._end(run, states.CANCELLED, ended_at=time.time(), pid=None,
+                              pid_start_time=None, note="cancelled while the engine was down")
+                    self.store.mark_applied(cancels[run.id].id, "cancelled")
+                else:
+                    self._requeue(run, "interrupted: its process was gone when the engine restarted")
                 continue
-            self.active[run.id] = Active(run.id, handle, slot, run.started_at or time.time())
+            self.active[run.id] = Active(run.id, handle, slot, run.started_at or time.time(),
+                                         folder=folder_id(run.run_dir(self.root)))
             self.store.transition(run.id, states.RUNNING, states.RUNNING, pid=handle.pid,
                                   pid_start_time=handle.start_time,
                                   slot=slot.name if slot else run.slot,
@@ -165,7 +213,12 @@ class Engine:
             if intent.kind == "cancel":
                 act = self.active.get(intent.run_id)
                 if act is None:
-                    outcome = "not running here"
+                    # queued again meanwhile (its process died, or an engine restarted): it
+                    # must not start after all
+                    cancelled = self.store.transition(
+                        intent.run_id, states.QUEUED, states.CANCELLED, ended_at=time.time(),
+                        note="cancelled while queued")
+                    outcome = "cancelled" if cancelled else "not running here"
                 else:
                     act.cancelling = True
                     self.backend.cancel(act.handle, self.cancel_grace)
@@ -181,17 +234,37 @@ class Engine:
         if not free:
             return
         for run in self.store.next_queued(len(free)):
-            slot = free.pop(0)
-            run_dir = layout.make_private_dir(run.run_dir(self.root))
-            # a process from an engine killed mid-launch may still run it: adopt, never double
-            handle = self.backend.reattach(run.id, run_dir, None, None, slot)
+            slot = free[0]
+            try:
+                # never through a symlink, never into someone else's folder (layout.py)
+                run_dir = layout.make_run_dir(self.root, run.experiment, run.id)
+                # a process from an engine killed mid-launch may still run it: adopt, never double
+                handle = self.backend.reattach(run.id, run_dir, None, None, slot)
+            except Exception as e:
+                self._not_started(run, states.QUEUED, e)
+                continue  # the slot stays free for the next run
+            free.pop(0)
             if handle is not None:
                 if self.store.transition(run.id, states.QUEUED, states.RUNNING, slot=slot.name,
                                          pid=handle.pid, pid_start_time=handle.start_time,
                                          started_at=time.time(), note="adopted a running process"):
-                    self.active[run.id] = Active(run.id, handle, slot, time.time())
+                    self.active[run.id] = Active(run.id, handle, slot, time.time(),
+                                                 folder=folder_id(run_dir))
                 continue
             self._launch(run, run_dir, slot)
+
+    def _not_started(self, run: Run, expected: str, e: Exception) -> None:
+        """One run that could not be prepared or launched fails with the reason; the
+        engine goes on with the others."""
+        if isinstance(e, layout.UnsafePath):
+            why = str(e)
+        elif isinstance(e, OSError) and e.strerror:
+            why = f"its folder {run.run_dir(self.root)} could not be made or used: {e.strerror}"
+        else:
+            why = f"{type(e).__name__}: {e}"
+        log.error("could not start %s: %s", run.id, why)
+        self.store.transition(run.id, expected, states.FAILED, ended_at=time.time(), slot=None,
+                              error=f"could not start: {why}", note="could not start")
 
     def _free_slots(self) -> list[Slot]:
         used = {a.slot.name for a in self.active.values() if a.slot}
@@ -210,13 +283,13 @@ class Engine:
                 shutil.rmtree(run_dir / layout.CHECKPOINTS, ignore_errors=True)
                 (run_dir / layout.SUMMARY).unlink(missing_ok=True)
             write_run_config(run_dir / layout.CONFIG, run.spec)
+            folder = folder_id(run_dir)
             handle = self.backend.launch(run.id, run_dir, slot, fresh=run.fresh)
         except Exception as e:
-            log.exception("could not launch %s", run.id)
-            self.store.transition(run.id, states.RUNNING, states.FAILED, ended_at=time.time(),
-                                  error=f"could not start: {e}", note="could not start")
+            log.debug("could not launch %s", run.id, exc_info=True)
+            self._not_started(run, states.RUNNING, e)
             return
-        self.active[run.id] = Active(run.id, handle, slot, now)
+        self.active[run.id] = Active(run.id, handle, slot, now, folder=folder)
         self.store.transition(run.id, states.RUNNING, states.RUNNING, pid=handle.pid,
                               pid_start_time=handle.start_time, fresh=False)
         log.info("launched %s on %s (pid %d)", run.id, slot.name, handle.pid)
@@ -246,7 +319,14 @@ class Engine:
         status = states.STATUS_OF_EXIT.get(code) if code is not None and code >= 0 else None
         now = time.time()
         common = {"ended_at": now, "summary": summary, "pid": None, "pid_start_time": None}
-        if status == states.COMPLETED:
+        requeue = status == states.INTERRUPTED or (status is None and self.stopping)
+        gone = None if cancelling or requeue else self._folder_gone(run_dir, act)
+        if gone:
+            # its metrics went with the folder: never "completed" with nothing to show;
+            # a retry starts over (fresh) rather than resume from a stray checkpoint
+            self._end(run, states.FAILED, error=gone, note="its folder disappeared", fresh=True,
+                      **common)
+        elif status == states.COMPLETED:
             self._end(run, states.COMPLETED, note="completed", **common)
         elif cancelling and status in (states.INTERRUPTED, None):
             self._end(run, states.CANCELLED, note="cancelled while running", **common)
@@ -267,6 +347,14 @@ class Engine:
                       error=(summary or {}).get("error"), **common)
         else:
             self._failed(run, code, summary, common)
+
+    def _folder_gone(self, run_dir: Path, act: Active | None) -> str | None:
+        now = folder_id(run_dir)
+        if now is not None and (act is None or act.folder in (None, now)):
+            return None
+        how = "deleted" if now is None else "deleted and made again, or replaced"
+        return (f"its folder {run_dir} disappeared while it ran ({how}): its metrics and "
+                "checkpoints are gone; `gridrun retry` runs it again from the start")
 
     def _end(self, run: Run, status: str, **fields: Any) -> None:
         self.store.transition(run.id, states.RUNNING, status, slot=None, **fields)
@@ -302,7 +390,8 @@ class Engine:
         spec = run.spec.with_trainer(batch_size=batch // 2, accumulate=acc * 2)
         change = {"kind": "oom", "t": time.time(), "batch_size": [batch, batch // 2],
                   "accumulate": [acc, acc * 2]}
-        write_run_config(run.run_dir(self.root) / layout.CONFIG, spec)
+        with contextlib.suppress(Exception):  # the launch writes it again in any case
+            write_run_config(run.run_dir(self.root) / layout.CONFIG, spec)
         self._requeue(run, f"out of memory: retrying with batch_size {batch // 2} and "
                            f"accumulate {acc * 2} (same effective batch)",
                       config=spec.to_dict(), adjustments=[*run.adjustments, change], fresh=True)

@@ -11,6 +11,8 @@ import hashlib
 import inspect
 import itertools
 import json
+import math
+import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,8 +25,8 @@ from gridrun.engine.spec_errors import Problem, SpecError
 
 __all__ = [
     "TRAINER_KEYS", "EngineConfig", "ExperimentSpec", "Key", "Problem", "RunSpec", "SpecError",
-    "expand", "load_engine_config", "load_experiments", "load_runs", "read_run_config", "run_id",
-    "write_run_config",
+    "count_runs", "expand", "load_engine_config", "load_experiments", "load_runs",
+    "read_run_config", "run_id", "write_run_config",
 ]
 
 
@@ -156,11 +158,15 @@ def run_id(experiment: str, task: str, trainer: Mapping[str, Any], task_args: Ma
 
 
 def write_run_config(path: str | Path, run: RunSpec) -> None:
-    """`config.toml` of a run folder, written atomically."""
+    """`config.toml` of a run folder, written atomically, 0600, never through a
+    symlink (a symlink at the temporary name is refused; one at `path` is replaced)."""
     path = Path(path)
     tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text(tomli_w.dumps(run.to_dict()))
-    tmp.replace(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        os.fchmod(fd, 0o600)
+        f.write(tomli_w.dumps(run.to_dict()))
+    os.replace(tmp, path)
 
 
 def read_run_config(path: str | Path) -> RunSpec:
@@ -170,8 +176,8 @@ def read_run_config(path: str | Path) -> RunSpec:
 
 # --------------------------------------------------------------------------- files -> runs
 
-DEFAULT_CAP = 10_000
-
+DEFAULT_CAP = 10_000  # runs one file may queue without --force
+MAX_RUNS = 100_000  # ... and with it: a bigger matrix is a mistake, refused before it is built
 
 
 @dataclass(frozen=True)
@@ -227,6 +233,15 @@ def _task_defaults(task: str) -> dict[str, Any]:
     return out
 
 
+def count_runs(exp: ExperimentSpec) -> int:
+    """How many runs `expand(exp)` gives, from the axis lengths alone (nothing is built)."""
+    cells = math.prod(len(v) for v in exp.grid.values())
+    if exp.zip:
+        cells *= len(next(iter(exp.zip.values())))
+    variants = 1 + len(exp.ablations) if exp.ablations else 1  # the baseline runs too
+    return cells * variants * len(exp.seeds)
+
+
 def expand(exp: ExperimentSpec) -> list[RunSpec]:
     """One RunSpec per cell and seed: defaults < experiment < ablation < grid/zip cell."""
     grid_keys = list(exp.grid)
@@ -264,12 +279,19 @@ def load_experiments(path: str | Path) -> list[ExperimentSpec]:
 
 
 def load_runs(path: str | Path, *, force: bool = False, cap: int = DEFAULT_CAP) -> list[RunSpec]:
-    """Parse, validate and expand an experiment file. Raises SpecError with every problem."""
-    from gridrun.engine.spec_validate import Checker
+    """Parse, validate and expand an experiment file. Raises SpecError with every problem.
 
-    experiments = load_experiments(path)
+    The run count is checked before anything is built: from the raw axis lengths
+    before validation imports the task (a refusal costs milliseconds, whatever
+    the product), and again from the validated experiments before expanding."""
+    from gridrun.engine.spec_validate import Checker, check_size, validate_file
+
+    experiments = validate_file(path, cap=cap, force=force)
     runs = []
     c = Checker(str(path), Path(path).read_text(encoding="utf-8"))
+    check_size(c, {exp.name: count_runs(exp) for exp in experiments}, cap=cap, force=force)
+    if c.problems:
+        raise SpecError(c.problems)
     for exp in experiments:
         exp_runs = expand(exp)
         seen: dict[str, RunSpec] = {}
@@ -281,9 +303,6 @@ def load_runs(path: str | Path, *, force: bool = False, cap: int = DEFAULT_CAP) 
                 break
             seen[run.id] = run
         runs.extend(exp_runs)
-    if len(runs) > cap and not force:
-        c.add(f"the matrix expands to {len(runs):,} runs, more than the cap of {cap:,}; "
-              "check the grid, or pass --force to take it as it is")
     if c.problems:
         raise SpecError(c.problems)
     return runs

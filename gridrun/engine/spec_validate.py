@@ -7,12 +7,13 @@ Split from spec.py to keep each module small; spec.py imports this lazily
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from gridrun.engine.spec import TRAINER_KEYS, EngineConfig, ExperimentSpec, format_value
+from gridrun.engine.spec import MAX_RUNS, TRAINER_KEYS, EngineConfig, ExperimentSpec, format_value
 from gridrun.engine.spec_errors import (
     NO_DEFAULT,
     LineIndex,
@@ -27,6 +28,9 @@ from gridrun.engine.spec_errors import (
 RESERVED = ("task", "grid", "zip", "ablations", "seeds")
 TOP_LEVEL = ("defaults", "experiments", "engine")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+MAX_NAME = 100  # an experiment name is a folder name: far below any file system's 255 bytes
+MAX_DEPTH = 32  # tables and arrays within each other; tomllib recurses once per level
+MAX_SEEDS = 100_000  # spec.MAX_RUNS: `seeds = 10**9` is refused before a billion seeds are made
 
 
 class Checker:
@@ -55,6 +59,10 @@ class Checker:
 
     def seeds(self, value: Any, path: tuple[str, ...], exp: str | None) -> tuple[int, ...] | None:
         if isinstance(value, int) and not isinstance(value, bool):
+            if value > MAX_SEEDS:
+                self.add(f"expected a count of at most {MAX_SEEDS:,}, got {value:,}",
+                         *path, experiment=exp, key="seeds")
+                return None
             if value >= 1:
                 return tuple(range(value))
             self.add(f"expected a count >= 1 or a non-empty array of integers, got {value!r}",
@@ -82,13 +90,37 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, str, list[Problem]]:
     except OSError as exc:
         return None, "", [Problem(file, f"cannot read the file: {exc.strerror}")]
     try:
-        return tomllib.loads(text), text, []
+        data = tomllib.loads(text)
+    except RecursionError:
+        return None, text, [Problem(file, "not valid TOML for gridrun: values are nested too "
+                                    f"deeply (more than {MAX_DEPTH} levels)")]
     except tomllib.TOMLDecodeError as exc:
         msg = str(exc)
         m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
         line, col = (int(m.group(1)), int(m.group(2))) if m else (None, None)
         msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", msg)
         return None, text, [Problem(file, f"not valid TOML: {msg}", line=line, column=col)]
+    deep = _too_deep(data)
+    if deep is not None:
+        return None, text, [Problem(file, f"not valid TOML for gridrun: {'.'.join(deep)} is nested "
+                                    f"too deeply (more than {MAX_DEPTH} levels)",
+                                    line=LineIndex(text).find(*deep))]
+    return data, text, []
+
+
+def _too_deep(data: dict[str, Any]) -> tuple[str, ...] | None:
+    """The key path of a value nested more than MAX_DEPTH levels, if any (no recursion:
+    later checks format values recursively)."""
+    stack: list[tuple[Any, tuple[str, ...], int]] = [(data, (), 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return path
+        if isinstance(value, dict):
+            stack += [(v, (*path, str(k)), depth + 1) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(v, path, depth + 1) for v in value]
+    return None
 
 
 def _task_params(c: Checker, exp: str, task: str) -> dict[str, Any] | None:
@@ -186,6 +218,10 @@ def _experiment(c: Checker, name: str, table: Any, defaults: dict[str, Any]) -> 
         c.add("the experiment name becomes a folder name: use only letters, digits, '.', '_' "
               "and '-' (and not '.' or '..')", *path, experiment=name)
         return None
+    if len(name) > MAX_NAME:
+        c.add(f"the experiment name becomes a folder name: use at most {MAX_NAME} characters "
+              f"(this one has {len(name)})", *path, experiment=name)
+        return None
     if not isinstance(table, dict):
         c.add(f"expected a table, got {toml_type(table)}", *path, experiment=name)
         return None
@@ -274,8 +310,46 @@ def read_checked(path: str | Path) -> tuple[dict[str, Any] | None, Checker]:
     return data, c
 
 
-def validate_file(path: str | Path) -> list[ExperimentSpec]:
-    """Every experiment of the file, validated; SpecError with every problem otherwise."""
+def _raw_count(table: Any, defaults: dict[str, Any]) -> int:
+    """The runs an experiment table expands to, from its raw values (before validation;
+    malformed parts count as one: validation reports them)."""
+    if not isinstance(table, dict):
+        return 0
+
+    def lengths(kind: str) -> list[int]:
+        axes = table.get(kind)
+        return [len(v) for v in axes.values() if isinstance(v, list)] if isinstance(axes, dict) else []
+
+    cells = math.prod(lengths("grid"))
+    cells *= (lengths("zip") or [1])[0]
+    ablations = table.get("ablations")
+    variants = 1 + len(ablations) if isinstance(ablations, dict) and ablations else 1
+    seeds = table.get("seeds", defaults.get("seeds", [0]))
+    n_seeds = len(seeds) if isinstance(seeds, list) else seeds if isinstance(seeds, int) else 1
+    return cells * variants * max(1, n_seeds)
+
+
+def check_size(c: Checker, counts: dict[str, int], *, cap: int, force: bool) -> None:
+    """The cap (lifted by --force) and the ceiling (never lifted) on the number of runs."""
+    total, ceiling = sum(counts.values()), max(cap, MAX_RUNS)
+    if total <= cap or (force and total <= ceiling):
+        return
+    big = max(counts, key=lambda name: counts[name])
+    where: dict[str, Any] = {"experiment": big} if counts[big] > cap else {}
+    if total > ceiling:
+        why = (f"more than the cap of {cap:,} and more than gridrun takes even with --force "
+               f"({ceiling:,}); shrink the grid or split the file")
+    else:
+        why = f"more than the cap of {cap:,}; check the grid, or pass --force to take it as it is"
+    c.add(f"the matrix expands to {total:,} runs, {why}",
+          *(("experiments", big) if where else ()), **where)
+
+
+def validate_file(path: str | Path, *, cap: int | None = None,
+                  force: bool = False) -> list[ExperimentSpec]:
+    """Every experiment of the file, validated; SpecError with every problem otherwise.
+    With `cap`, a file of too many runs is refused first, alone, before any task is
+    imported (spec.load_runs)."""
     data, c = read_checked(path)
     if data is None:
         raise SpecError(c.problems)
@@ -288,6 +362,12 @@ def validate_file(path: str | Path) -> list[ExperimentSpec]:
         c.add("no experiments: add a table such as [experiments.first] with task = \"spirals\"",
               "experiments")
         experiments = {}
+    if cap is not None:
+        before = len(c.problems)
+        check_size(c, {name: _raw_count(t, defaults) for name, t in experiments.items()},
+                   cap=cap, force=force)
+        if len(c.problems) > before:
+            raise SpecError(c.unique())
     specs = [_experiment(c, name, table, defaults) for name, table in experiments.items()]
     engine_config(data.get("engine", {}), c)
     if c.problems:

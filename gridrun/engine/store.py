@@ -202,7 +202,7 @@ class Store:
 
     def __init__(self, root: str | os.PathLike, *, timeout: float = 30.0):
         self.root = Path(root)
-        layout.make_private_dir(self.root)
+        layout.check_root(self.root)  # UnsafeRoot: others can write it (with the chmod that fixes it)
         self.path = self.root / layout.DB_NAME
         if not self.path.exists():
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))

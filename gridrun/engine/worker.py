@@ -39,12 +39,27 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     os.replace(tmp, run_dir / layout.SUMMARY)
 
 
+def read_config(run_dir: Path) -> Any:
+    """The RunSpec the engine wrote to RUN_DIR/config.toml, read only through
+    descriptors that prove the experiment folder, the run folder and the file are
+    this user's, private and not symlinks (layout.read_private): a config swapped
+    in by someone else between the engine's write and this read is refused."""
+    import tomllib
+
+    from gridrun.engine.spec import RunSpec
+
+    return RunSpec.from_dict(tomllib.loads(layout.read_private(run_dir / layout.CONFIG).decode()))
+
+
 def main(run_dir: str | Path, *, fresh: bool = False) -> int:
-    from gridrun.engine.spec import read_run_config
     from gridrun.engine.trainer import train
 
     run_dir = Path(run_dir)
-    run = read_run_config(run_dir / layout.CONFIG)
+    try:
+        run = read_config(run_dir)
+    except layout.UnsafePath as e:
+        print(f"gridrun: refusing to run {run_dir}: {e}", file=sys.stderr, flush=True)
+        return states.EXIT_CODES[states.FAILED]
     stop = threading.Event()
 
     def request_stop(signum: int, frame: Any) -> None:

@@ -68,6 +68,7 @@ class EngineState:
     running: bool = False
     paused: bool = False
     counts: Mapping[str, int] = field(default_factory=dict)
+    not_responding: int | None = None  # seconds since the running engine's last heartbeat, if stale
 
 
 @dataclass(frozen=True)

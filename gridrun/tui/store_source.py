@@ -127,8 +127,9 @@ class StoreSource:
     def _engine_state(self) -> EngineState | None:
         from gridrun.engine import daemon
 
-        state = EngineState(running=daemon.status(self.root).running, paused=self.store.paused,
-                            counts=self.store.counts())
+        st = daemon.status(self.root, store=self.store)
+        state = EngineState(running=st.running, paused=self.store.paused, counts=self.store.counts(),
+                            not_responding=None if st.responding else int(st.heartbeat_age or 0))
         if state == self._engine:
             return None
         self._engine = state

@@ -20,6 +20,8 @@ class StatusHeader(Static):
         text.append(f" {root}  ")
         if engine is None:
             text.append("engine …", style="dim")
+        elif engine.running and engine.not_responding is not None:
+            text.append(f"engine ◌ not responding for {engine.not_responding} s", style="bold red")
         elif engine.running:
             text.append("engine ● running" + (" (paused)" if engine.paused else ""),
                         style="bold yellow" if engine.paused else "bold green")
