@@ -24,7 +24,6 @@ from gridrun.engine import layout, states
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 COUNT_LIMIT = 100_000  # run folders counted for the "lost queue" warning, at most
-HEARTBEAT_STALE_S = 30.0
 SHOW = 5  # paths shown in a line; --json lists them all
 
 
@@ -90,35 +89,14 @@ def lost_queue_warning(root: str | os.PathLike, store: Any) -> str | None:
 # ---- the checks ------------------------------------------------------------------------
 
 def check_root(root: Path) -> Check:
-    """The root, what is in it and its run folders: the user's, not writable by others."""
+    """The root, what is in it and its run folders: the user's, not writable by
+    others, no symlinks inside (the same rules the engine and the store refuse by)."""
     if not root.exists():
         return Check("root", OK, f"{root} does not exist yet (created 0700 at the first queue)")
-    uid, foreign, writable, links = os.getuid(), [], [], []
-    paths = [root, *(p for p in _children(root)), *(r for e in _subdirs(root) for r in _children(e))]
-    for i, path in enumerate(paths):
-        try:
-            st = os.lstat(path) if i else os.stat(path)
-        except OSError:
-            continue
-        if stat.S_ISLNK(st.st_mode):
-            links.append(path)
-        elif st.st_uid != uid:
-            foreign.append(path)
-        elif st.st_mode & 0o022:
-            writable.append(path)
-    if foreign:
-        return Check("root", FAIL, f"{_n(foreign, 'path')} under {root} belong to another user "
-                     f"(first: {foreign[0]}); use a root of your own, or have its owner run "
-                     f"`chown -R {os.getuid()} {_q(root)}`", tuple(map(str, foreign)))
-    if writable:
-        fix = f"chmod go-w {_q(writable[0])}" if len(writable) == 1 else f"chmod -R go-w {_q(root)}"
-        return Check("root", FAIL, f"{_n(writable, 'path')} under {root} can be written by group "
-                     f"or others (first: {writable[0]}, {stat.filemode(os.stat(writable[0]).st_mode)})"
-                     f": another user could plant files there; `{fix}`", tuple(map(str, writable)))
-    if links:
-        return Check("root", FAIL, f"{_n(links, 'symbolic link')} inside {root} (first: {links[0]} "
-                     f"-> {os.readlink(links[0])}): gridrun never writes through one; remove "
-                     f"{'it' if len(links) == 1 else 'them'}", tuple(map(str, links)))
+    problems = layout.root_problems(root, deep=True)
+    if problems:
+        more = f" (+{len(problems) - 1} more: --json lists them)" if len(problems) > 1 else ""
+        return Check("root", FAIL, problems[0] + more, tuple(problems))
     return Check("root", OK, f"{root}: yours, not writable by group or others")
 
 
@@ -150,6 +128,8 @@ def check_store(root: Path) -> tuple[Check, Any]:
         problems = store.check()
     except StoreDamaged as e:
         return Check("store", FAIL, str(e)), None
+    except layout.UnsafeRoot:
+        return Check("store", WARN, "not opened: the root is not safe to use (see root)"), None
     if problems:
         store.close()
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -211,7 +191,7 @@ def check_heartbeat(root: Path, store: Any) -> Check:
     age = max(0.0, time.time() - beat["t"])
     if not st.running:
         return Check("heartbeat", OK, f"engine not running; its last heartbeat was {age:.0f} s ago")
-    if beat.get("pid") == st.pid and age > HEARTBEAT_STALE_S:
+    if beat.get("pid") == st.pid and age > daemon.NOT_RESPONDING_AFTER:  # the same threshold as `engine status`
         return Check("heartbeat", FAIL, f"the engine (pid {st.pid}) has not responded for "
                      f"{age:.0f} s (stopped with SIGSTOP? `kill -CONT {st.pid}`; stuck? "
                      f"`gridrun engine stop --force --root {_q(root)}`)")
