@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -16,3 +18,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 # Tests never touch ./runs by accident.
 os.environ.pop("GRIDRUN_ROOT", None)
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory):
+    """One warm fork server for a test module's in-process engines."""
+    from gridrun.engine.backends.local import LocalBackend
+
+    b = LocalBackend(log_path=tmp_path_factory.mktemp("fs") / "forkserver.log")
+    b.start()
+    yield b
+    b.close()

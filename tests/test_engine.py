@@ -6,26 +6,20 @@ from __future__ import annotations
 import signal
 
 import pytest
-from test_engine_kit import drain, make_run, metrics_without_timing, slow_run, summary, wait_for
+from test_engine_kit import (
+    drain,
+    engine_for,
+    make_run,
+    metrics_without_timing,
+    slow_run,
+    summary,
+    wait_for,
+)
 
 from gridrun.engine import layout, states
-from gridrun.engine.backends.base import Slot
-from gridrun.engine.backends.local import LocalBackend
-from gridrun.engine.scheduler import Engine, slots_for
+from gridrun.engine.scheduler import slots_for
 from gridrun.engine.spec import EngineConfig, read_run_config
 from gridrun.engine.store import Store
-
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    b = LocalBackend(log_path=tmp_path_factory.mktemp("fs") / "forkserver.log")
-    b.start()
-    yield b
-    b.close()
-
-
-def engine_for(root, backend, slots=2, **kw):
-    return Engine(root, backend, [Slot(f"cpu{i}") for i in range(slots)], backoff=0.05, **kw)
 
 
 def test_slots_from_the_engine_config():

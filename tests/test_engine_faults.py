@@ -15,30 +15,16 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from test_engine_kit import drain, kill_quietly, make_run, prepare, slow_run, wait_for
+from test_engine_kit import drain, engine_for, kill_quietly, make_run, prepare, slow_run, wait_for
 from typer.testing import CliRunner
 
 from gridrun.cli import app
 from gridrun.engine import daemon, layout, states
-from gridrun.engine.backends.base import Slot
-from gridrun.engine.backends.local import LocalBackend
-from gridrun.engine.scheduler import Engine
 from gridrun.engine.spec import SpecError, load_runs
 from gridrun.engine.store import Store
 
 FIXTURES = Path(__file__).parent / "spec_fixtures"
 
-
-@pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    b = LocalBackend(log_path=tmp_path_factory.mktemp("fs") / "forkserver.log")
-    b.start()
-    yield b
-    b.close()
-
-
-def engine_for(root, backend, slots=1, **kw):
-    return Engine(root, backend, [Slot(f"cpu{i}") for i in range(slots)], backoff=0.05, **kw)
 
 
 # ---- item 3: the cap before the expansion -------------------------------------------
@@ -86,12 +72,12 @@ def test_a_run_whose_folder_cannot_be_made_fails_and_the_queue_goes_on(tmp_path,
     (tmp_path / "e" / blocked.id).write_text("not a folder")
     with Store(tmp_path) as store:
         store.enqueue([blocked, too_long, *ok])
-        engine = engine_for(tmp_path, backend)
+        engine = engine_for(tmp_path, backend, slots=1)
         engine.start()
         drain(engine)
         got = {r.id: r for r in store.list_runs()}
         # a second engine start finds nothing stuck either
-        engine = engine_for(tmp_path, backend)
+        engine = engine_for(tmp_path, backend, slots=1)
         engine.start()
         engine.step(0.01)
     assert [got[r.id].status for r in ok] == [states.COMPLETED] * 2
@@ -110,7 +96,7 @@ def test_a_symlinked_experiment_folder_is_refused_and_nothing_is_written_through
     run, other = make_run(seed=0, epochs=1), make_run(seed=1, epochs=1, experiment="f")
     with Store(root) as store:
         store.enqueue([run, other])
-        engine = engine_for(root, backend)
+        engine = engine_for(root, backend, slots=1)
         engine.start()
         drain(engine)
         got = {r.id: r for r in store.list_runs()}
@@ -181,7 +167,7 @@ def test_everything_gridrun_creates_under_the_root_is_private(tmp_path, backend)
     run = make_run(seed=0, epochs=1)
     with Store(root) as store:
         store.enqueue([run])
-        engine = engine_for(root, backend)
+        engine = engine_for(root, backend, slots=1)
         engine.start()
         drain(engine)
         assert store.list_runs()[0].status == states.COMPLETED
@@ -202,7 +188,7 @@ def test_a_cancel_given_while_the_engine_is_down_holds(tmp_path, backend):
         assert store.transition(victim.id, states.QUEUED, states.RUNNING, slot="cpu0",
                                 pid=2**22 + 12345, pid_start_time=1.0, started_at=time.time())
         assert store.cancel([victim.id]) == {victim.id: "cancelling"}  # written while down
-        engine = engine_for(tmp_path, backend)
+        engine = engine_for(tmp_path, backend, slots=1)
         engine.start()
         drain(engine)
         got = {r.id: r for r in store.list_runs()}
@@ -218,7 +204,7 @@ def test_a_pause_given_while_the_engine_is_down_holds(tmp_path, backend):
     with Store(tmp_path) as store:
         store.enqueue([run])
         store.pause()
-        engine = engine_for(tmp_path, backend)
+        engine = engine_for(tmp_path, backend, slots=1)
         engine.start()
         for _ in range(3):
             engine.step(0.01)
@@ -232,7 +218,7 @@ def test_a_run_whose_folder_is_deleted_while_it_runs_does_not_end_completed(tmp_
     run = slow_run(seed=0, sleep=0.03, epochs=3)
     with Store(tmp_path) as store:
         store.enqueue([run])
-        engine = engine_for(tmp_path, backend)
+        engine = engine_for(tmp_path, backend, slots=1)
         engine.start()
         engine.step(0.01)
         run_dir = layout.run_dir(tmp_path, "e", run.id)

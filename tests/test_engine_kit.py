@@ -88,3 +88,11 @@ def wait_exit(backend, timeout: float = 90.0) -> list:
         if events:
             return events
     raise AssertionError("no run ended in time")
+
+
+def engine_for(root, backend, slots: int = 2, **kw):
+    """An in-process engine on `slots` CPU slots, retrying fast."""
+    from gridrun.engine.backends.base import Slot
+    from gridrun.engine.scheduler import Engine
+
+    return Engine(root, backend, [Slot(f"cpu{i}") for i in range(slots)], backoff=0.05, **kw)
