@@ -216,3 +216,19 @@ def test_default_directions():
     assert analysis.default_direction("val_loss") == "lower"
     assert analysis.default_direction("top1_error") == "lower"
     assert analysis.default_direction("accuracy") == "higher"
+
+
+def test_identical_seeds_give_no_p_value_and_no_warning(tmp_path):
+    """Seeds that agree exactly (accuracy 1/3 on every seed of both sides) have no
+    Welch p-value; scipy's precision-loss RuntimeWarning never reaches the user."""
+    import warnings
+
+    for name, trainer in (("baseline", {}), ("sgd", {"optimizer": "sgd"})):
+        for seed in (0, 1):
+            make_run(tmp_path, "same", seed, trainer=trainer, ablation=name, variant=name,
+                     best={"loss": 1.1 + seed * 1e-4, "accuracy": 1 / 3})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        table = ablation_table(runs_frame(tmp_path), "same").set_index("ablation")
+    assert math.isnan(table.loc["sgd", "accuracy_p"])
+    assert table.loc["sgd", "accuracy_delta"] == 0

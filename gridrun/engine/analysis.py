@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -270,7 +271,11 @@ def ablation_table(frame: pd.DataFrame, experiment: str | None = None,
                         rel = delta / abs(bmean) if bmean else math.nan
                         x, y = samples[m], b[1][m]
                         if len(x) >= 2 and len(y) >= 2:
-                            p = float(stats.ttest_ind(x, y, equal_var=False).pvalue)
+                            with warnings.catch_warnings():
+                                # seeds that agree exactly have no p-value (nan), and
+                                # scipy's precision-loss warning says nothing more
+                                warnings.simplefilter("ignore", RuntimeWarning)
+                                p = float(stats.ttest_ind(x, y, equal_var=False).pvalue)
                     row.update({f"{m}_delta": delta, f"{m}_delta_rel": rel, f"{m}_p": p})
         elif keys:
             with contextlib.suppress(TypeError):  # mixed types: keep the folders' order
