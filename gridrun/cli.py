@@ -24,6 +24,9 @@ for module in (tui, plan, train, engine, analysis, doctor, verify):
 
 
 def main() -> None:
+    from gridrun.engine.layout import private_umask
+
+    private_umask()
     app()
 
 

@@ -125,10 +125,8 @@ def test_a_config_swapped_for_a_symlink_is_refused_by_the_worker(tmp_path, capsy
     assert f"refusing to run {run_dir}: {config} is a symlink" in capsys.readouterr().err
     config.unlink()
     shutil.copy(planted, config)
-    os.chmod(config, 0o666)
-    assert worker.main(run_dir) == states.EXIT_CODES[states.FAILED]
-    assert f"chmod 600 {config}" in capsys.readouterr().err
-    os.chmod(config, 0o600)
+    os.chmod(config, 0o666)  # its folders are private: no one else can reach it (umask 000)
+    assert worker.read_config(run_dir) == run
     os.chmod(run_dir, 0o777)
     assert worker.main(run_dir) == states.EXIT_CODES[states.FAILED]
     assert f"chmod 700 {run_dir}" in capsys.readouterr().err
@@ -158,8 +156,12 @@ def test_a_world_writable_root_is_refused_with_the_chmod_that_fixes_it(tmp_path)
     os.chmod(root, 0o700)
     assert layout.root_problems(root) == []
     Store(root).close()
-    os.chmod(root / layout.DB_NAME, 0o666)
-    assert any(f"chmod 600 {root / layout.DB_NAME}" in p for p in layout.root_problems(root))
+    os.chmod(root / layout.DB_NAME, 0o666)  # inside a private root: no one else reaches it
+    assert layout.root_problems(root) == []
+    wal = root / (layout.DB_NAME + "-wal")
+    wal.unlink(missing_ok=True)
+    wal.symlink_to(tmp_path / "elsewhere")  # but never a symlink in its place
+    assert any(f"{wal} is a symlink" in p for p in layout.root_problems(root))
 
 
 def test_everything_gridrun_creates_under_the_root_is_private(tmp_path, backend):

@@ -229,9 +229,17 @@ def test_bad_input_exits_2_with_one_line(copy, tmp_path):
 
     # a completed run's last.pt is its end: there is nothing after it to replay
     assert "nothing to compare" in run(str(copy), "--from-checkpoint")
+    last = copy / layout.CHECKPOINTS / "last.pt"
+    last.write_bytes(b"garbage")
+    assert "last.pt cannot be loaded" in run(str(copy), "--from-checkpoint")
+    torch.save({"model": {}}, last)
+    assert "holds no step" in run(str(copy), "--from-checkpoint")
     shutil.rmtree(copy / layout.CHECKPOINTS)
     assert "no checkpoint" in run(str(copy), "--from-checkpoint")
     assert "neither a run folder" in run("abc", "--root", str(tmp_path / "empty"))
+    damaged = layout.make_private_dir(tmp_path / "damaged")
+    (damaged / layout.DB_NAME).write_bytes(b"not a database " * 100)
+    assert "is not a SQLite database" in run("abc", "--root", str(damaged))
     with pytest.raises(VerifyError, match="at least 1"):
         verify(copy, steps=0)
     config = (copy / layout.CONFIG).read_text().replace('task = "spirals"', 'task = "no_such_module:task"')

@@ -20,9 +20,10 @@ def run_folder(run: str, root: Path) -> Path:
     if not (root / layout.DB_NAME).exists():
         fail(f"{run!r} is neither a run folder nor a run of {root} (it has no {layout.DB_NAME}; "
              "--root names another root)")
-    from gridrun.engine.store import RunNotFound, Store
+    from gridrun.commands.common import open_store
+    from gridrun.engine.store import RunNotFound
 
-    with Store(root) as store:
+    with open_store(root) as store:
         try:
             found = store.get_run(run)
         except RunNotFound as e:

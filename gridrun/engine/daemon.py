@@ -198,6 +198,7 @@ def serve(root: Path, **engine_options: Any) -> int:
     from gridrun.engine.scheduler import Engine
     from gridrun.engine.store import Store, StoreDamaged
 
+    layout.private_umask()  # the engine, its fork server and every run inherit it
     root = Path(root).resolve()
     try:
         layout.check_root(root)

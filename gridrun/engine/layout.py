@@ -43,6 +43,12 @@ class UnsafeRoot(UnsafePath):
         super().__init__("\n".join(problems))
 
 
+def private_umask() -> None:
+    """Files and folders this process creates are the user's alone (0600 / 0700),
+    whatever umask the shell had: every gridrun process calls it first."""
+    os.umask(0o077)
+
+
 def default_root() -> Path:
     return Path(os.environ.get("GRIDRUN_ROOT", DEFAULT_ROOT))
 
@@ -87,10 +93,13 @@ def problem(path: str | os.PathLike, st: os.stat_result, *, folder: bool,
     if st.st_uid != os.geteuid():
         return (f"{path} belongs to {_owner(st.st_uid)}, not to you ({_owner(os.geteuid())}): "
                 "use a runs root of your own (--root or GRIDRUN_ROOT) or move it away")
-    if st.st_mode & 0o022:
+    # A file's own mode bits let no one in when its folder is private (others
+    # cannot reach it), so only folders are refused for them: a umask of 002
+    # must not make gridrun refuse the files it wrote itself.
+    if folder and st.st_mode & 0o022:
         return (f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}): "
                 f"another user could plant files or symlinks; fix it with "
-                f"`chmod {'700' if folder else '600'} {path}`")
+                f"`chmod 700 {path}`")
     return None
 
 
@@ -220,7 +229,10 @@ def make_run_dir(root: str | os.PathLike, experiment: str, run_id: str) -> Path:
     try:
         os.close(_open_dir(fd, CHECKPOINTS, path / CHECKPOINTS, create=True))
         for name in os.listdir(fd):
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:  # renamed meanwhile (an orphaned run's .tmp), say
+                continue
             found = problem(path / name, st, folder=stat.S_ISDIR(st.st_mode))
             if found:
                 raise UnsafePath(found)

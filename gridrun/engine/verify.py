@@ -57,9 +57,15 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
         raise VerifyError(f"{run_dir}: no readable {layout.CONFIG} ({e})") from None
     start_step, offset = 0, 0
     if from_checkpoint:
-        state = checkpoint.load(run_dir / layout.CHECKPOINTS / "last.pt")
+        try:
+            state = checkpoint.load(run_dir / layout.CHECKPOINTS / checkpoint.LAST)
+        except checkpoint.CheckpointError as e:
+            raise VerifyError(str(e)) from None
         if state is None:
             raise VerifyError(f"{run_dir}: no checkpoint to replay from ({layout.CHECKPOINTS}/last.pt)")
+        if not isinstance(state.get("step"), int) or not isinstance(state.get("metrics_offset"), int):
+            raise VerifyError(f"{run_dir}/{layout.CHECKPOINTS}/last.pt holds no step and metrics "
+                              "position (written by another version?): verify from the start")
         start_step, offset = state["step"], state["metrics_offset"]
     recorded = runlog.read_from(run_dir / layout.METRICS, offset)[0]
     recorded_summary = _read_json(run_dir / layout.SUMMARY)

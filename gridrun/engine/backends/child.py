@@ -124,6 +124,7 @@ def _release_output(keeper: subprocess.Popen | None, timeout: float = 10.0) -> N
 def run(run_dir: str, *, fresh: bool, cuda_visible_devices: str, close_fds: tuple[int, ...] = ()) -> int:
     """Runs the worker in this process and returns its exit code. Never returns
     control to a fork server: the caller `os._exit`s with the code."""
+    os.umask(0o077)  # layout.private_umask, without importing more into a fresh child
     for fd in close_fds:
         with contextlib.suppress(OSError):
             os.close(fd)
