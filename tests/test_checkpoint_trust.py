@@ -64,6 +64,9 @@ def test_damaged_last_falls_back_to_prev_and_resumes_exactly(tmp_path, straight,
     assert "\n" not in warning and "prev.pt" in warning
     assert "weights_only=False" not in warning  # torch's advice to load untrusted pickles
     assert any("last.pt" in line for line in lines)
+    # the damaged file is kept aside, never rotated into prev.pt by the next save
+    assert (ckpt / "last.pt.damaged").exists() and "last.pt.damaged" in warning
+    assert checkpoint.load(ckpt / "prev.pt") is not None
     assert_same_end(straight, run_dir)
 
 
@@ -121,3 +124,21 @@ def test_retry_fresh_from_the_cli(tmp_path):
         run = store.get_run(spec.id)
         assert run.status == states.QUEUED and run.fresh
     json.dumps(run.to_dict(), default=str)
+
+
+def test_a_plain_retry_keeps_a_pending_fresh_start(tmp_path):
+    """retry --fresh, cancel before it launched, retry: it still starts over."""
+    from gridrun.engine.spec import load_runs
+    from gridrun.engine.store import Store
+
+    file = tmp_path / "e.toml"
+    file.write_text('[experiments.a]\ntask = "spirals"\nepochs = 1\n')
+    [spec] = load_runs(file)
+    with Store(tmp_path / "runs") as store:
+        store.enqueue([spec])
+        store.transition(spec.id, states.QUEUED, states.RUNNING)
+        store.transition(spec.id, states.RUNNING, states.FAILED, error="x")
+        store.retry([spec.id], fresh=True)
+        store.cancel([spec.id])
+        assert store.retry([spec.id]) == {spec.id: "queued"}
+        assert store.get_run(spec.id).fresh

@@ -267,6 +267,20 @@ def test_rebuild_refuses_while_the_engine_runs(copy):
     assert (copy / "gridrun.db").exists()
 
 
+def test_rebuild_refuses_an_unsafe_root_and_moves_nothing(copy, tmp_path):
+    (copy / "tiny" / "planted").symlink_to(tmp_path)
+    code, out = gridrun("doctor", "--rebuild", "--force", "--root", str(copy))
+    assert code == 2 and out.strip().splitlines() == [
+        f"not rebuilding: {copy / 'tiny' / 'planted'} is a symlink: gridrun never follows a "
+        f"symlink inside its root; remove it (rm {copy / 'tiny' / 'planted'})"]
+    assert (copy / "gridrun.db").exists()  # the store was not moved aside
+    (copy / "tiny" / "planted").unlink()
+    os.chmod(copy, 0o777)
+    code, out = gridrun("doctor", "--rebuild", "--force", "--root", str(copy))
+    assert code == 2 and "writable by group or others" in out and "Traceback" not in out
+    os.chmod(copy, 0o700)
+
+
 def test_rebuild_keeps_a_healthy_store_unless_forced(copy):
     before = ls(copy)
     code, out = gridrun("doctor", "--rebuild", "--root", str(copy))

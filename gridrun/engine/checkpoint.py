@@ -89,8 +89,11 @@ def load_resumable(folder: str | os.PathLike, device: torch.device | str,
                     raise CheckpointError(f"{folder / name} cannot be resumed: it lacks "
                                           f"{', '.join(missing)} (written by another version?)")
         except CheckpointError as err:
+            # set aside, so the next save does not rotate it into prev.pt over a good one
+            aside = folder / f"{name}.damaged"
+            os.replace(folder / name, aside)
             fallback = "; trying prev.pt" if i == 0 else ""
-            problems.append(f"{err}{fallback}")
+            problems.append(f"{err} (kept as {aside.name}){fallback}")
             continue
         if state is not None:
             return state, problems

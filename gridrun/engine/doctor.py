@@ -180,25 +180,26 @@ def _lock_holder(lock: Path) -> int | None:
 
 
 def check_heartbeat(root: Path, store: Any) -> Check:
+    """The engine's loop, through `daemon.status`: the threshold `engine status` uses."""
     from gridrun.engine import daemon
 
     if store is None:
         return Check("heartbeat", WARN, "not checked: the store cannot be read")
-    beat = store.get_state("engine_heartbeat")
-    st = daemon.status(root)
-    if not isinstance(beat, dict) or not isinstance(beat.get("t"), int | float):
-        return Check("heartbeat", OK, "no heartbeat recorded")
-    age = max(0.0, time.time() - beat["t"])
+    st = daemon.status(root, store=store)
     if not st.running:
+        beat = store.get_state(daemon.HEARTBEAT)
+        if not isinstance(beat, dict) or not isinstance(beat.get("t"), int | float):
+            return Check("heartbeat", OK, "no heartbeat recorded")
+        age = max(0.0, time.time() - beat["t"])
         return Check("heartbeat", OK, f"engine not running; its last heartbeat was {age:.0f} s ago")
-    if beat.get("pid") == st.pid and age > daemon.NOT_RESPONDING_AFTER:  # the same threshold as `engine status`
-        return Check("heartbeat", FAIL, f"the engine (pid {st.pid}) has not responded for "
-                     f"{age:.0f} s (stopped with SIGSTOP? `kill -CONT {st.pid}`; stuck? "
-                     f"`gridrun engine stop --force --root {_q(root)}`)")
-    if beat.get("pid") != st.pid:
+    if st.heartbeat_age is None:
         return Check("heartbeat", WARN, f"the running engine (pid {st.pid}) has not written a "
-                     f"heartbeat yet (the last one, {age:.0f} s ago, came from pid {beat.get('pid')})")
-    return Check("heartbeat", OK, f"the engine answered {age:.1f} s ago")
+                     "heartbeat yet")
+    if not st.responding:
+        return Check("heartbeat", FAIL, f"the engine (pid {st.pid}) has not responded for "
+                     f"{st.heartbeat_age:.0f} s (stopped with SIGSTOP? `kill -CONT {st.pid}`; stuck? "
+                     f"`gridrun engine stop --force --root {_q(root)}`)")
+    return Check("heartbeat", OK, f"the engine answered {st.heartbeat_age:.1f} s ago")
 
 
 def check_temporaries(root: Path, store: Any) -> Check:
@@ -299,11 +300,15 @@ def rebuild(root: str | os.PathLike, *, force: bool = False) -> Rebuilt:
     root = Path(root)
     if not root.is_dir():
         raise RebuildRefused(f"{root} is not a folder: nothing to rebuild from")
+    unsafe = layout.root_problems(root, deep=True)
+    if unsafe:  # a rebuild trusts what the folders hold: never from a root others can write
+        more = f" (+{len(unsafe) - 1} more: `gridrun doctor --root {_q(root)}`)" if len(unsafe) > 1 else ""
+        raise RebuildRefused(f"not rebuilding: {unsafe[0]}{more}")
     st = daemon.status(root)
     if st.running:
         raise RebuildRefused(f"the engine runs on {root} (pid {st.pid}): stop it first with "
                              f"`gridrun engine stop --root {_q(root)}`, then rebuild")
-    lock = os.open(root / daemon.LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    lock = os.open(root / daemon.LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

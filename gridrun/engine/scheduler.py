@@ -8,7 +8,6 @@ slots, waits (up to a tick) for runs to end and records how they ended.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gridrun.engine import layout, states
+from gridrun.engine import layout, outputlog, runlog, states
 from gridrun.engine.backends.base import EXIT_ALREADY_RUNNING, Backend, Exited, Handle, Slot
 from gridrun.engine.spec import write_run_config
 from gridrun.engine.store import Run, Store
@@ -56,20 +55,16 @@ def slots_for(config: Any, gpus_available: int | None = None) -> list[Slot]:
 
 
 def output_tail(run_dir: Path, lines: int = OUTPUT_TAIL_LINES) -> str:
+    """The last lines a run printed, for its error (read from the end: a big log costs nothing)."""
     try:
-        with open(run_dir / layout.OUTPUT, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 16384))
-            return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+        return outputlog.tail_lines(run_dir / layout.OUTPUT, lines).rstrip("\n")
     except OSError:
         return ""
 
 
 def read_summary(run_dir: Path) -> dict | None:
-    try:
-        return json.loads((run_dir / layout.SUMMARY).read_text())
-    except (OSError, ValueError):
-        return None
+    """The run's summary.json through the one reader: garbage is None, wrong-typed fields dropped."""
+    return runlog.read_summary(run_dir / layout.SUMMARY)
 
 
 def folder_id(path: Path) -> tuple[int, int] | None:

@@ -418,12 +418,16 @@ class Store:
         out = {}
         with self._tx() as db:
             for run_id in ids:
-                row = db.execute("SELECT status, attempt FROM runs WHERE id = ?", (run_id,)).fetchone()
+                row = db.execute("SELECT status, attempt, fresh FROM runs WHERE id = ?",
+                                 (run_id,)).fetchone()
+                # a pending fresh start (asked for earlier, or a run whose folder was
+                # replaced) survives a plain retry: only a launch clears it
+                start_over = bool(fresh or (row and row[2]))
                 if row and self._update(db, run_id, RETRYABLE, status=states.QUEUED,
                                         attempt=row[1] + 1, queued_at=time.time(), retries=0,
                                         restarts=0, not_before=0, error=None, ended_at=None,
-                                        started_at=None, fresh=int(fresh),
-                                        note=f"retried {'from scratch ' * fresh}after {row[0]}"):
+                                        started_at=None, fresh=int(start_over),
+                                        note=f"retried {'from scratch ' * start_over}after {row[0]}"):
                     self._intent(db, "retry", run_id, outcome="queued")
                     out[run_id] = "queued"
                 else:
