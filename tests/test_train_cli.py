@@ -50,3 +50,17 @@ def test_diverged_run_exits_3(tmp_path):
     result = CliRunner().invoke(app, ["train", str(file), "--root", str(tmp_path / "r")])
     assert result.exit_code == 3, result.output
     assert "diverged" in result.output
+
+
+def test_train_never_writes_through_a_symlink_in_the_root(tmp_path):
+    file = tmp_path / "exp.toml"
+    file.write_text(ONE_RUN)
+    root = tmp_path / "runs"
+    root.mkdir(mode=0o700)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / "solo").symlink_to(elsewhere)
+    result = CliRunner().invoke(app, ["train", str(file), "--root", str(root)])
+    assert result.exit_code == 2, result.output
+    assert f"{root / 'solo'} is a symlink" in result.stderr
+    assert list(elsewhere.iterdir()) == []  # nothing written through it

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -47,8 +46,11 @@ def register(app: typer.Typer) -> None:
         from gridrun.engine.spec import write_run_config
 
         chosen = pick(load_or_exit(file), run)
-        run_dir = layout.make_private_dir(layout.run_dir(root, chosen.experiment, chosen.id))
-        layout.make_private_dir(Path(root))
+        try:  # the same checks as the engine: a private root, no symlink followed inside it
+            layout.check_root(root)
+            run_dir = layout.make_run_dir(root, chosen.experiment, chosen.id)
+        except (layout.UnsafePath, OSError) as e:
+            fail(f"cannot use the run's folder: {e}")
         write_run_config(run_dir / layout.CONFIG, chosen)
         code = worker.main(run_dir, fresh=fresh)
         status = states.STATUS_OF_EXIT[code]
