@@ -10,7 +10,7 @@ import statistics
 import pytest
 from scipy import stats
 
-from gridrun.engine import analysis, layout
+from gridrun.engine import analysis, layout, records
 from gridrun.engine.analysis import ablation_table, format_table, runs_frame
 from gridrun.engine.runlog import MetricsWriter
 from gridrun.engine.spec import TRAINER_KEYS, RunSpec, run_id, write_run_config
@@ -44,7 +44,7 @@ def make_run(root, experiment, seed, *, status="completed", best=None, final=Non
             "final": final if final is not None else (best or {}), "best": best or {},
             "best_step": 80, "train_loss": 0.1, "samples_per_s": 1000.0 + seed,
             "tokens_per_s": None, "peak_memory_bytes": 1 << 20, "started_at": 1.0,
-            "ended_at": 11.0, "wall_time_s": 10.0, "device": "cpu", "git_commit": "abc123",
+            "ended_at": 11.0, "wall_time_s": 10.0, "device": "cpu", "provenance": {"git_commit": "abc123"},
         }))
     return rid
 
@@ -213,9 +213,9 @@ def test_queued_runs_from_the_store_without_a_folder(grid_root):
 
 
 def test_default_directions():
-    assert analysis.default_direction("val_loss") == "lower"
-    assert analysis.default_direction("top1_error") == "lower"
-    assert analysis.default_direction("accuracy") == "higher"
+    assert records.direction("val_loss") == "lower"
+    assert records.direction("top1_error") == "lower"
+    assert records.direction("accuracy") == "higher"
 
 
 def test_identical_seeds_give_no_p_value_and_no_warning(tmp_path):

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from gridrun.cli import app
 from gridrun.engine import analysis, layout, runlog
 from gridrun.engine.export import export_metrics
+from gridrun.engine.records import Summary
 
 GOOD = [
     {"t": 1.0, "step": 0, "epoch": 0, "split": "start", "total_steps": 100},
@@ -107,13 +108,16 @@ def test_a_garbage_summary_never_crashes_compare(tmp_path, summary):
     assert code == 0, result.exception
 
 
-def test_summary_fields_keep_only_well_typed_values():
-    got = runlog.summary_fields({"status": "completed", "metrics": {"loss": "lower", "x": 3},
-                                 "best": {"loss": 0.5, "acc": "high"}, "final": [1],
-                                 "step": "7", "best_step": 80, "device": 3, "note": "kept"})
-    assert got == {"status": "completed", "metrics": {"loss": "lower"}, "best": {"loss": 0.5},
-                   "best_step": 80, "note": "kept"}
-    assert runlog.summary_fields([1, 2]) is None and runlog.summary_fields(None) is None
+def test_a_summary_keeps_only_well_typed_values():
+    got = Summary.from_json({"status": "completed", "metrics": {"loss": "lower", "x": 3},
+                             "best": {"loss": 0.5, "acc": "high"}, "final": [1],
+                             "step": "7", "best_step": 80, "device": 3, "note": "unknown"})
+    assert got == Summary(status="completed", metrics={"loss": "lower"}, best={"loss": 0.5},
+                          best_step=80)
+    assert Summary.from_json([1, 2]) is None and Summary.from_json(None) is None
+    assert Summary.from_json(got.to_json()) == got
+    with pytest.raises(ValueError, match="device"):
+        Summary.from_json({"device": 3}, strict=True)
 
 
 @pytest.mark.parametrize("config", [
@@ -148,4 +152,4 @@ def test_follow_progress_skips_bad_lines(tmp_path):
     run = SimpleNamespace(id="r1", variant="", seed=0, config={"trainer": {"epochs": 2}},
                           run_dir=lambda root: folder)
     line = _progress(run, tmp_path, {}, {})
-    assert "step 10" in line and "loss 0.9000" in line
+    assert "step 20/100" in line and "loss 0.9000" in line  # by steps, as the interface

@@ -12,25 +12,28 @@ import typer
 BAR = 20
 
 
-def _progress(run, root: Path, offsets: dict, last: dict) -> str:
-    from gridrun.engine import layout, runlog
+def _progress(run, root: Path, offsets: dict, folded: dict, now: float | None = None) -> str:
+    """One run's line: its progress by steps (by epochs for a log without a length),
+    loss, best value and time left, from the one fold over its metrics log."""
+    from gridrun.engine import layout, progress, runlog
+    from gridrun.tui.widgets.fmt import duration
 
-    path = run.run_dir(root) / layout.METRICS
-    records, offsets[run.id] = runlog.read_from(path, offsets.get(run.id, 0))
-    for rec in records:
-        if rec.get("split") == "train":
-            last[run.id] = rec
-    rec = last.get(run.id, {})
     trainer = run.config.get("trainer", {})
-    epochs, max_steps = trainer.get("epochs") or 1, trainer.get("max_steps") or 0
-    step, epoch = rec.get("step", 0), rec.get("epoch", 0)
-    frac = step / max_steps if max_steps else epoch / epochs
-    frac = min(1.0, max(0.0, frac))
-    filled = int(frac * BAR)
-    loss = rec.get("loss")
+    records, offsets[run.id] = runlog.read_from(run.run_dir(root) / layout.METRICS,
+                                                offsets.get(run.id, 0))
+    p = folded.get(run.id) or progress.Progress.known(
+        early_stop_metric=trainer.get("early_stop_metric"))
+    p = folded[run.id] = progress.fold(records, previous=p)
+    epochs = trainer.get("epochs") or None
+    filled = int((p.fraction(epochs) or 0.0) * BAR)
+    where = (f"step {p.step}/{p.total_steps} epoch {p.epoch}" if p.total_steps
+             else f"epoch {p.epoch}/{epochs} step {p.step}" if epochs else f"step {p.step}")
+    eta = p.eta(now)
     return (f"  {run.id}  {(run.variant or 'baseline')[:22]:<22} s{run.seed:<2} "
-            f"[{'#' * filled}{'.' * (BAR - filled)}] epoch {epoch}/{epochs} step {step}"
-            + (f" loss {loss:.4f}" if isinstance(loss, int | float) else ""))
+            f"[{'#' * filled}{'.' * (BAR - filled)}] {where}"
+            + (f" loss {p.train_loss:.4f}" if isinstance(p.train_loss, int | float) else "")
+            + (f" best {p.metric} {p.best:.4g}" if p.best is not None else "")
+            + (f" eta {duration(eta)}" if eta is not None else ""))
 
 
 def follow(root: Path, ids: list[str], *, live: bool, interval: float = 0.5) -> bool:
@@ -39,7 +42,7 @@ def follow(root: Path, ids: list[str], *, live: bool, interval: float = 0.5) -> 
     from gridrun.engine import daemon, states
 
     offsets: dict = {}
-    last: dict = {}
+    folded: dict = {}
     drawn = 0
     previous = None
     next_engine_check = 0.0
@@ -58,7 +61,7 @@ def follow(root: Path, ids: list[str], *, live: bool, interval: float = 0.5) -> 
                 overall += " · paused (gridrun resume)"
             if live:
                 width = shutil.get_terminal_size().columns
-                lines = [_progress(r, root, offsets, last)[:width]
+                lines = [_progress(r, root, offsets, folded, time.time())[:width]
                          for r in runs if r.status == states.RUNNING] + [overall]
                 sys.stdout.write("\x1b[1A\x1b[2K" * drawn + "\n".join(lines) + "\n")
                 sys.stdout.flush()

@@ -1,10 +1,10 @@
 """Run folders -> pandas: one row per run, ablation tables over seeds (exports: export.py).
 
 Reads only files (config.toml, summary.json, metrics.jsonl); the store's view
-of each run's state can be passed in. Metric directions come from each run's
-summary.json ("metrics": {name: "lower" | "higher"}, declared by the task);
-when no finished run declares one, a name containing "loss", "error" or
-"perplexity" is taken as lower-is-better and anything else as higher.
+of each run's state can be passed in. Metric directions are the task's own
+("metrics": {name: "lower" | "higher"} in summary.json, or in a live run's
+start line); where no run declares one, `records.direction` guesses. Live
+runs go through `progress.fold`, as in the interface.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gridrun.engine import layout, runlog, states
+from gridrun.engine import layout, progress, records, runlog, states
 from gridrun.engine.spec import RunSpec, read_run_config
 
 BASE = ["id", "experiment", "variant", "ablation", "seed", "task", "status"]
@@ -29,12 +29,7 @@ RUN_FIELDS = ["step", "total_steps", "best_step", "started_at", "ended_at", "wal
               "train_loss", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "device",
               "precision", "error"]
 PENDING = (states.QUEUED, states.RUNNING, states.INTERRUPTED)
-LOWER_HINTS = ("loss", "error", "perplexity")
 FORMATS = ("table", "csv", "markdown", "latex", "json")
-
-
-def default_direction(metric: str) -> str:
-    return "lower" if any(h in metric.lower() for h in LOWER_HINTS) else "higher"
 
 
 class AnalysisError(ValueError):
@@ -63,32 +58,15 @@ def _hashable(value: Any) -> Any:
 
 def _live(path: Path, spec: RunSpec, notes: list[str]) -> dict[str, Any]:
     """What a run without summary.json has logged so far (torn last line skipped;
-    lines that are not records are skipped and noted)."""
+    lines that are not records are skipped and noted), through the one fold."""
     got = runlog.read(path)
-    records = got.records
     if got.skipped:
         notes.append(runlog.skipped_note(got.skipped, path))
-    out: dict[str, Any] = {"final": {}, "best": {}}
-    vals = [r for r in records if r.get("split") == "val"]
-    train = [r for r in records if r.get("split") == "train"]
-    if records:
-        out["step"] = records[-1].get("step")
-    if train:
-        out["train_loss"] = train[-1].get("loss")
-        speeds = [r["samples_per_s"] for r in train if isinstance(r.get("samples_per_s"), int | float)]
-        out["samples_per_s"] = sum(speeds) / len(speeds) if speeds else None
-    if vals:
-        skip = {"t", "step", "epoch", "split"}
-        out["final"] = {k: v for k, v in vals[-1].items() if k not in skip}
-        names = list(out["final"])
-        metric = spec.trainer.get("early_stop_metric") or (names[0] if names else None)
-        scored = [r for r in vals if isinstance(r.get(metric), int | float)]
-        if scored:
-            pick = min if default_direction(metric) == "lower" else max
-            best = pick(scored, key=lambda r: r[metric])
-            out["best"] = {k: v for k, v in best.items() if k not in skip}
-            out["best_step"] = best.get("step")
-    return out
+    known = progress.Progress.known(early_stop_metric=spec.trainer.get("early_stop_metric"))
+    p = progress.fold(got.records, previous=known)
+    return {"step": p.step if p.lines else None, "train_loss": p.train_loss,
+            "samples_per_s": p.mean_samples_per_s, "final": dict(p.last),
+            "best": dict(p.best_values), "best_step": p.best_step, "metrics": dict(p.metrics)}
 
 
 def _row(spec: RunSpec, folder: Path | None, status: str | None,
@@ -101,21 +79,20 @@ def _row(spec: RunSpec, folder: Path | None, status: str | None,
     summary = runlog.read_summary(folder / layout.SUMMARY) if folder else None
     metrics_path = folder / layout.METRICS if folder else None
     if summary is not None:
-        data = summary
-        for name, direction in (summary.get("metrics") or {}).items():
-            directions.setdefault(name, direction)
-        file_status = summary.get("status")
+        data, file_status = summary.to_json(), summary.status
     elif metrics_path is not None and metrics_path.exists():
         data, file_status = _live(metrics_path, spec, notes), states.RUNNING
     else:
         data, file_status = {}, states.QUEUED
+    for name, direction in (data.get("metrics") or {}).items():  # as the task declares them
+        directions.setdefault(name, direction)
     row["status"] = status or file_status or states.QUEUED
     for key in RUN_FIELDS:
         row[key] = data.get(key)
     for kind in ("final", "best"):
         for name, value in (data.get(kind) or {}).items():
             row[f"{kind}_{name}"] = value
-    for source in (summary, (summary or {}).get("provenance"), provenance):
+    for source in (summary and summary.provenance, provenance):
         for key, value in (source if isinstance(source, Mapping) else {}).items():
             if key.startswith("git"):
                 row[key] = value
@@ -170,7 +147,7 @@ def runs_frame(root: str | os.PathLike, statuses: Mapping[str, str] | None = Non
             if column.startswith(kind) and column != "best_step":
                 metrics[column[len(kind):]] = None
     for name in metrics:
-        directions.setdefault(name, default_direction(name))
+        directions.setdefault(name, records.direction(name))
     front = [c for c in BASE if c in frame.columns]
     config_cols = [c for c in config_columns if c not in BASE]
     rest = [c for c in frame.columns if c not in front and c not in config_cols]
@@ -283,7 +260,7 @@ def ablation_table(frame: pd.DataFrame, experiment: str | None = None,
         for m in metrics:
             means = [c[0][f"{m}_mean"] for c in cells]
             finite = [i for i, v in enumerate(means) if not math.isnan(v)]
-            pick = min if directions.get(m, default_direction(m)) == "lower" else max
+            pick = min if records.direction(m, directions) == records.LOWER else max
             best = pick(finite, key=lambda i: means[i]) if finite else None
             for i, (row, _) in enumerate(cells):
                 row[f"{m}_best"] = i == best
@@ -295,7 +272,7 @@ def ablation_table(frame: pd.DataFrame, experiment: str | None = None,
     stats_cols = [f"{m}_{s}" for m in metrics for s in ("mean", "std", "ci95", "min", "max", "best",
                                                         "delta", "delta_rel", "p")]
     table = table[front + [c for c in stats_cols if c in table.columns]]
-    table.attrs.update(directions={m: directions.get(m, default_direction(m)) for m in metrics},
+    table.attrs.update(directions={m: records.direction(m, directions) for m in metrics},
                        metrics=metrics, keys=list(all_keys), value=kind)
     return table
 
@@ -327,7 +304,7 @@ def _cells(table: pd.DataFrame, bold: tuple[str, str], pm: str,
     deltas = "ablation" in keys
     header = [*(["experiment"] if show_exp else []), *map(esc, keys), "seeds"]
     for m in metrics:
-        arrow = "↓" if directions.get(m, default_direction(m)) == "lower" else "↑"
+        arrow = "↓" if records.direction(m, directions) == records.LOWER else "↑"
         header.append(f"{esc(m)} {arrow}")
         if deltas and f"{m}_delta" in table:
             header += [f"Δ {esc(m)}", "p"]

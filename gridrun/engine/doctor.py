@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import shlex
 import stat
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gridrun.engine import layout, states
+from gridrun.engine import layout, runlog, states
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 COUNT_LIMIT = 100_000  # run folders counted for the "lost queue" warning, at most
@@ -370,20 +369,16 @@ def _read_folder(run_dir: Path) -> _Found:
     spec = read_run_config(run_dir / layout.CONFIG)
     if (spec.experiment, spec.id) != (run_dir.parent.name, run_dir.name):
         raise ValueError(f"its config.toml is run {spec.experiment}/{spec.id}")
-    summary = None
-    with contextlib.suppress(OSError, ValueError):
-        summary = json.loads((run_dir / layout.SUMMARY).read_text())
-    if not isinstance(summary, dict):
-        summary = None
+    summary = runlog.read_summary(run_dir / layout.SUMMARY)
     mtime = os.stat(run_dir / layout.CONFIG).st_mtime
     checkpoint = (run_dir / layout.CHECKPOINTS / "last.pt").is_file()
     if summary is None:
         note = "rebuilt: " + ("resumes from its checkpoint" if checkpoint else "starts from scratch")
         return _Found(spec, states.QUEUED, {"note": note, "queued_at": mtime}, mtime)
     s = summary
-    status = s.get("status")
-    started, ended = _time(s.get("started_at")), _time(s.get("ended_at"))
-    common = {"summary": s, "started_at": started, "ended_at": ended or mtime,
+    status = s.status
+    started, ended = _time(s.started_at), _time(s.ended_at)
+    common = {"summary": s.to_json(), "started_at": started, "ended_at": ended or mtime,
               "queued_at": started or mtime}
     order = started or mtime
     if status == states.COMPLETED:
@@ -392,14 +387,14 @@ def _read_folder(run_dir: Path) -> _Found:
         # a cancelled running run also ends "interrupted" in its folder: never run it again unasked
         return _Found(spec, states.CANCELLED, {**common, "note": "rebuilt: stopped mid-run "
                       "(interrupted or cancelled); `gridrun retry` resumes it"}, order)
-    error = "\n".join(str(x) for x in (s.get("error"), s.get("traceback")) if x) or None
+    error = "\n".join(str(x) for x in (s.error, s.traceback) if x) or None
     if status == states.FAILED:
         tail = output_tail(run_dir)
         error = (error or "failed") + ("\n\n--- last lines of output.log ---\n" + tail if tail else "")
         return _Found(spec, status, {**common, "error": error, "note": "failed (rebuilt)"}, order)
     if status == states.DIVERGED:
         return _Found(spec, status, {**common, "error": error,
-                                     "note": f"diverged at step {s.get('diverged_step')} (rebuilt)"}, order)
+                                     "note": f"diverged at step {s.diverged_step} (rebuilt)"}, order)
     if status == states.OOM:
         return _Found(spec, status, {**common, "error": error, "note": "out of memory (rebuilt)"}, order)
     raise ValueError(f"its summary.json says status {status!r}")

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from gridrun.engine import layout, runlog, states
+from gridrun.engine import records as rec
 from gridrun.engine.analysis import AnalysisError
 
 EXPORT_COLUMNS = ["run_id", "step", "epoch", "split", "metric", "value"]
@@ -109,7 +110,7 @@ def write_frame(frame: pd.DataFrame, out: str | os.PathLike, *, force: bool = Fa
 def _long(records: list[dict[str, Any]], run_ids: list[str]) -> pd.DataFrame:
     """Wide log lines -> (run_id, step, epoch, split, metric, value), in line order."""
     df = pd.DataFrame.from_records(records)
-    names = [c for c in df.columns if c not in ("t", "step", "epoch", "split")]
+    names = [c for c in df.columns if c not in rec.PLACE]  # metrics and the loop's values
     values = df[names].apply(pd.to_numeric, errors="coerce").to_numpy(float)
     keep = ~np.isnan(values.ravel())
     n = int(keep.sum())
@@ -141,8 +142,8 @@ def _status(folder: Path, statuses: Mapping[str, str]) -> str:
     if folder.name in statuses:
         return statuses[folder.name]
     summary = runlog.read_summary(folder / layout.SUMMARY)
-    if summary and summary.get("status"):
-        return summary["status"]
+    if summary and summary.status:
+        return summary.status
     return states.RUNNING if (folder / layout.METRICS).exists() else states.QUEUED
 
 
@@ -193,7 +194,7 @@ def export_metrics(root: str | os.PathLike, out: str | os.PathLike, experiment: 
             for got in runlog.iter_chunks(path, chunk_bytes):
                 if got.skipped:
                     skipped[str(path)] = skipped.get(str(path), 0) + got.skipped
-                lines = [r for r in got.records if r["split"] != "start"]  # total_steps: not a metric
+                lines = [r for r in got.records if r[rec.SPLIT] != rec.START]  # no values
                 records.extend(lines)
                 run_ids.extend([run_id] * len(lines))
                 if len(records) >= flush_lines:

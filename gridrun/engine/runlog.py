@@ -4,10 +4,11 @@ Each line is written whole with a single `write` and flushed, so a reader sees
 either a complete line or a torn last line (a writer killed mid-write), which
 it skips. Readers can follow a live log cheaply by keeping a byte offset.
 
-This module owns the line format: every reader (analysis, exports, the CLI's
-progress lines, the interface) goes through `read`/`parse`, which treat each
-line as untrusted: a line that is not a record (see `record`) is skipped and
-counted, never a crash. `read_summary` does the same for summary.json.
+The shape of a line is records.py's; every reader (analysis, exports, the CLI's
+progress lines, the interface) goes through `read`/`parse` here, which treat
+each line as untrusted: a line that is not a record (see `records.record`) is
+skipped and counted, never a crash. `read_summary` does the same for
+summary.json.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gridrun.engine.records import Summary, record
 
 
 def _clean(value: Any) -> Any:
@@ -90,36 +93,6 @@ class Read:
     records: list[dict[str, Any]] = field(default_factory=list)
     offset: int = 0
     skipped: int = 0
-
-
-_VALUE_TYPES = frozenset((int, float, str, type(None)))
-_INF = math.inf
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def record(value: Any) -> dict[str, Any] | None:
-    """`value` as a metrics record, or None when it does not have the shape of one:
-    an object whose `step` (and `epoch`, if any) is a whole number, `split` a name,
-    `t` a number, and every other value a number or null. NaN and infinities
-    (which JSON lacks but a hand-edited line may hold) read as null, as written."""
-    if type(value) is not dict:
-        return None
-    step, epoch, t = value.get("step"), value.get("epoch", 0), value.get("t", 0)
-    if not (type(step) is int and type(epoch) is int and _number(t)
-            and type(value.get("split")) is str):
-        return None
-    values = list(value.values())
-    kinds = list(map(type, values))  # whole-line checks at C speed: this is every reader's hot loop
-    if kinds.count(str) != 1 or not _VALUE_TYPES.issuperset(kinds):
-        return None  # a string besides split, a list, an object, a bool
-    if _INF in values or -_INF in values:  # 1e999 (NaN and Infinity are read as null)
-        for key, v in value.items():
-            if v in (_INF, -_INF):
-                value[key] = None
-    return value
 
 
 def _null(_: str) -> None:
@@ -201,49 +174,11 @@ def skipped_note(count: int, path: str | os.PathLike) -> str:
 
 # --------------------------------------------------------------------------- summary.json
 
-# the fields readers use, and the type each must have to be used; others pass as they are
-_SUMMARY_TYPES: dict[str, Any] = {
-    "status": str, "early_stop_metric": str, "device": str, "precision": str, "error": str,
-    "traceback": str, "task": str, "experiment": str, "variant": str, "ablation": str,
-    "step": int, "epoch": int, "total_steps": int, "best_step": int, "seed": int,
-    "diverged_step": int, "resumed_from_step": int, "started_at": _number, "ended_at": _number,
-    "wall_time_s": _number, "train_loss": _number, "samples_per_s": _number,
-    "tokens_per_s": _number, "peak_memory_bytes": _number, "provenance": dict, "determinism": dict,
-}
-
-
-def _typed(value: Any, kind: Any) -> bool:
-    if kind is int:
-        return type(value) is int
-    return isinstance(value, kind) if isinstance(kind, type) else kind(value)
-
-
-def summary_fields(data: Any) -> dict[str, Any] | None:
-    """A summary as readers may use it: None unless it is an object; a known field
-    of the wrong type is left out (null stays null); "metrics" keeps the names
-    declared "lower" or "higher", "final" and "best" keep numbers and nulls."""
-    if not isinstance(data, dict):
-        return None
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if value is None:
-            out[key] = None
-        elif key == "metrics":
-            if isinstance(value, dict):
-                out[key] = {k: v for k, v in value.items() if v in ("lower", "higher")}
-        elif key in ("final", "best"):
-            if isinstance(value, dict):
-                out[key] = {k: v for k, v in value.items() if v is None or _number(v)}
-        elif key not in _SUMMARY_TYPES or _typed(value, _SUMMARY_TYPES[key]):
-            out[key] = value
-    return out
-
-
-def read_summary(path: str | os.PathLike) -> dict[str, Any] | None:
-    """`summary.json` through `summary_fields`; None when missing or unreadable
+def read_summary(path: str | os.PathLike) -> Summary | None:
+    """`summary.json` through `Summary.from_json`; None when missing or unreadable
     (garbage, or caught mid-write by a reader of a live run)."""
     try:
         with open(path, "rb") as f:
-            return summary_fields(json.loads(f.read()))
+            return Summary.from_json(json.loads(f.read()))
     except (OSError, ValueError, RecursionError):
         return None

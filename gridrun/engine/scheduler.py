@@ -18,6 +18,7 @@ from typing import Any
 
 from gridrun.engine import layout, outputlog, runlog, states
 from gridrun.engine.backends.base import EXIT_ALREADY_RUNNING, Backend, Exited, Handle, Slot
+from gridrun.engine.records import Summary
 from gridrun.engine.spec import write_run_config
 from gridrun.engine.store import Run, Store
 
@@ -62,7 +63,7 @@ def output_tail(run_dir: Path, lines: int = OUTPUT_TAIL_LINES) -> str:
         return ""
 
 
-def read_summary(run_dir: Path) -> dict | None:
+def read_summary(run_dir: Path) -> Summary | None:
     """The run's summary.json through the one reader: garbage is None, wrong-typed fields dropped."""
     return runlog.read_summary(run_dir / layout.SUMMARY)
 
@@ -301,8 +302,8 @@ class Engine:
         run_dir = run.run_dir(self.root)
         summary = read_summary(run_dir)
         code = event.code
-        if code is None and summary and (summary.get("ended_at") or 0) >= (run.started_at or 0):
-            code = states.EXIT_CODES.get(summary.get("status"))  # an adopted run's own account
+        if code is None and summary and (summary.ended_at or 0) >= (run.started_at or 0):
+            code = states.EXIT_CODES.get(summary.status)  # an adopted run's own account
         if code == EXIT_ALREADY_RUNNING:
             handle = self.backend.reattach(run_id, run_dir, None, None, act.slot if act else None)
             if handle is not None:
@@ -313,7 +314,7 @@ class Engine:
         cancelling = act is not None and act.cancelling
         status = states.STATUS_OF_EXIT.get(code) if code is not None and code >= 0 else None
         now = time.time()
-        common = {"ended_at": now, "summary": summary, "pid": None, "pid_start_time": None}
+        common = {"ended_at": now, "summary": summary and summary.to_json(), "pid": None, "pid_start_time": None}
         requeue = status == states.INTERRUPTED or (status is None and self.stopping)
         gone = None if cancelling or requeue else self._folder_gone(run_dir, act)
         if gone:
@@ -337,9 +338,9 @@ class Engine:
         elif status == states.OOM:
             self._oom(run, summary, common)
         elif status == states.DIVERGED:
-            step = (summary or {}).get("diverged_step")
+            step = (summary or Summary()).diverged_step
             self._end(run, states.DIVERGED, note=f"diverged at step {step}",
-                      error=(summary or {}).get("error"), **common)
+                      error=(summary or Summary()).error, **common)
         else:
             self._failed(run, code, summary, common)
 
@@ -360,9 +361,9 @@ class Engine:
                               pid_start_time=None, note=note, **fields)
         log.info("%s %s", run.id, note)
 
-    def _failed(self, run: Run, code: int, summary: dict | None, common: dict) -> None:
-        s = summary or {}
-        error = "\n".join(x for x in (s.get("error") or f"exit code {code}", s.get("traceback"))
+    def _failed(self, run: Run, code: int, summary: Summary | None, common: dict) -> None:
+        s = summary or Summary()
+        error = "\n".join(x for x in (s.error or f"exit code {code}", s.traceback)
                           if x)
         tail = output_tail(run.run_dir(self.root))
         error += "\n\n--- last lines of output.log ---\n" + tail if tail else ""
@@ -374,11 +375,11 @@ class Engine:
         else:
             self._end(run, states.FAILED, error=error, note="failed", **common)
 
-    def _oom(self, run: Run, summary: dict | None, common: dict) -> None:
+    def _oom(self, run: Run, summary: Summary | None, common: dict) -> None:
         trainer = run.config["trainer"]
         batch, acc = int(trainer["batch_size"]), int(trainer["accumulate"])
         if batch < 2 or any(a.get("kind") == "oom" for a in run.adjustments):
-            self._end(run, states.OOM, error=(summary or {}).get("error"),
+            self._end(run, states.OOM, error=(summary or Summary()).error,
                       note="out of memory" + (" again after halving the batch" if batch >= 2 else ""),
                       **common)
             return

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gridrun.engine import checkpoint, layout, states
+from gridrun.engine import checkpoint, layout, records, states
 from gridrun.engine.data import count_samples, start_epoch, to_device, train_loader, val_loader
 from gridrun.engine.optim import build_optimizer, lr_at
 from gridrun.engine.runlog import MetricsWriter
@@ -37,12 +37,6 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return "bf16"
     return "fp32"
-
-
-def improved(value: float, best: float | None, direction: str) -> bool:
-    if best is None:
-        return True
-    return value < best if direction == "lower" else value > best
 
 
 @torch.inference_mode()
@@ -78,17 +72,10 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
     run_dir = Path(run_dir)
     cfg = run.trainer
     started = time.time()
-    summary: dict[str, Any] = {
-        "run_id": run.id, "experiment": run.experiment, "variant": run.variant,
-        "ablation": run.ablation, "seed": run.seed, "task": run.task, "status": states.FAILED,
-        "step": 0, "epoch": 0, "total_steps": None, "metrics": {}, "early_stop_metric": None,
-        "final": {}, "best": {}, "best_step": None, "train_loss": None, "samples_per_s": None,
-        "tokens_per_s": None, "peak_memory_bytes": None, "started_at": started, "ended_at": None,
-        "wall_time_s": None, "device": None, "torch_version": torch.__version__,
-        "determinism": None, "precision": None, "error": None, "traceback": None,
-        "diverged_step": None, "resumed_from_step": None, "weights_sha256": None,
-        "warnings": [],
-    }
+    summary: dict[str, Any] = records.Summary(  # the fields are the Summary's; filled in as we go
+        run_id=run.id, experiment=run.experiment, variant=run.variant, ablation=run.ablation,
+        seed=run.seed, task=run.task, status=states.FAILED, step=0, epoch=0, started_at=started,
+        torch_version=torch.__version__).to_json()
 
     def warn(message: str) -> None:
         summary["warnings"].append(message)
@@ -149,8 +136,8 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         if state is None:
             writer.truncate(0)
             # readers (the interface's progress bar) learn the length before the first log point
-            writer.write({"t": time.time(), "step": 0, "epoch": 0, "split": "start",
-                          "total_steps": total})
+            # and the metrics' directions and the early-stop metric, so none of them guesses
+            writer.write(records.start_line(time.time(), total, task.metrics, metric))
         else:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
@@ -177,12 +164,12 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         def evaluate_and_track() -> bool:
             """Evaluate, log, keep best.pt; True when early stopping says stop."""
             values = evaluate(model, task, val_data, device, autocast)
-            writer.write({"t": time.time(), "step": step, "epoch": epoch, "split": "val", **values})
+            writer.write({"t": time.time(), "step": step, "epoch": epoch, "split": records.VAL, **values})
             summary["final"] = values
             log(f"eval  step {step:>6}  " + "  ".join(f"{k} {v:.4g}" for k, v in values.items()))
             if not all(math.isfinite(v) for v in values.values()):
                 return False
-            if improved(values[metric], best["value"], direction):
+            if records.better(values[metric], best["value"], direction):
                 best.update(value=values[metric], step=step, metrics=values, bad_evals=0)
                 save(checkpoint.BEST)
                 return False
@@ -261,7 +248,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
                         status = states.DIVERGED
                         log(f"diverged: non-finite loss at step {bad_step}")
                         break
-                    record = {"t": time.time(), "step": step, "epoch": epoch, "split": "train",
+                    record = {"t": time.time(), "step": step, "epoch": epoch, "split": records.TRAIN,
                               "loss": sum(losses) / len(losses), "lr": lr,
                               "samples_per_s": samples / elapsed if elapsed else None,
                               "step_time": elapsed / interval_steps}

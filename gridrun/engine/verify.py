@@ -27,11 +27,10 @@ from typing import Any
 
 import torch
 
-from gridrun.engine import checkpoint, layout, runlog, states, verdict
+from gridrun.engine import checkpoint, layout, records, runlog, states, verdict
 from gridrun.engine.spec import read_run_config
 from gridrun.engine.trainer import train
 
-TIMING = frozenset({"t", "samples_per_s", "step_time", "tokens_per_s"})
 MISSING = "(missing)"
 
 
@@ -131,7 +130,7 @@ def compare_lines(recorded: list[dict[str, Any]], replayed: list[dict[str, Any]]
     """The first difference between the recorded lines and the replayed ones, position by position."""
     for rec, rep in zip(recorded, replayed, strict=False):
         for field in [*rec, *(k for k in rep if k not in rec)]:
-            if field in TIMING:
+            if field in records.TIMING:
                 continue
             a, b = rec.get(field, MISSING), rep.get(field, MISSING)
             if not same(a, b):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.engine import layout, states
+from gridrun.engine.records import Summary
 
 
 def json_safe(value: Any) -> Any:
@@ -71,9 +72,9 @@ def main(run_dir: str | Path, *, fresh: bool = False) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    summary = json_safe(summary)
-    write_summary(run_dir, summary)
-    return states.EXIT_CODES[summary["status"]]
+    written = Summary.from_json(json_safe(summary)) or Summary()
+    write_summary(run_dir, written.to_json())
+    return states.EXIT_CODES[written.status]
 
 
 if __name__ == "__main__":

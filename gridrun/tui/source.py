@@ -33,6 +33,7 @@ class RunRow:
     best_name: str = ""
     samples_per_s: float | None = None
     slot: str | None = None
+    ends_at: float | None = None  # when a running run should end, at its recent pace
     queued_at: float = 0.0
     started_at: float | None = None
     ended_at: float | None = None

@@ -21,6 +21,8 @@ from typing import Any
 
 from gridrun.engine import layout, runlog, verdict
 from gridrun.engine.doctor import lost_queue_warning
+from gridrun.engine.progress import Progress, fold
+from gridrun.engine.records import Summary
 from gridrun.engine.store import Run, Store
 from gridrun.tui.source import (
     EngineState,
@@ -35,60 +37,44 @@ from gridrun.tui.source import (
     Verdict,
 )
 
-LOWER_HINTS = ("loss", "error", "perplexity")
-
-
-def lower_is_better(metric: str, summary: dict[str, Any] | None) -> bool:
-    declared = (summary or {}).get("metrics", {}).get(metric)
-    return declared == "lower" if declared else any(h in metric for h in LOWER_HINTS)
-
 
 def _row(run: Run) -> RunRow:
-    s = runlog.summary_fields(run.summary) or {}  # any JSON may have been stored
-    metric = s.get("early_stop_metric") or ""
+    s = Summary.from_json(run.summary) or Summary()  # any JSON may have been stored
     return RunRow(
         id=run.id, experiment=run.experiment, variant=run.variant, seed=run.seed,
-        status=run.status, priority=run.priority, step=s.get("step") or 0,
-        total_steps=s.get("total_steps"), epoch=s.get("epoch") or 0,
-        epochs=run.config.get("trainer", {}).get("epochs"), train_loss=s.get("train_loss"),
-        best=(s.get("best") or {}).get(metric), best_name=metric,
-        samples_per_s=s.get("samples_per_s"), slot=run.slot, queued_at=run.queued_at,
+        status=run.status, priority=run.priority, step=s.step or 0,
+        total_steps=s.total_steps, epoch=s.epoch or 0,
+        epochs=run.config.get("trainer", {}).get("epochs"), train_loss=s.train_loss,
+        best=s.best_value, best_name=s.early_stop_metric or "",
+        samples_per_s=s.samples_per_s, slot=run.slot, queued_at=run.queued_at,
         started_at=run.started_at, ended_at=run.ended_at, note=run.note)
 
 
 class Live:
-    """What a running run's metrics log said so far (read incrementally)."""
+    """A running run's metrics log, folded as it grows (see engine/progress.py)."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder, self.offset, self.total = folder, 0, None
-        self.fields: dict[str, Any] = {}
-        self.best: float | None = None
-        self.metric = ""
+    def __init__(self, run: Run, folder: Path) -> None:
+        self.folder, self.offset = folder, 0
+        # what a log from before the start line declared anything cannot say
+        earlier = runlog.read_summary(folder / layout.SUMMARY)  # an earlier attempt's
+        self.progress = Progress.known(
+            earlier, early_stop_metric=run.config.get("trainer", {}).get("early_stop_metric"))
 
     def read(self) -> bool:
         """True when something new was read."""
         records, self.offset = runlog.read_from(self.folder / layout.METRICS, self.offset)
-        had_total = self.total is not None
-        if self.total is None:
-            self.total = (runlog.read_summary(self.folder / layout.SUMMARY) or {}).get("total_steps")
-        for rec in records:
-            self.fields.update(step=rec.get("step", 0), epoch=rec.get("epoch", 0))
-            if rec.get("split") == "start":
-                self.total = rec.get("total_steps") or self.total
-            elif rec.get("split") == "train":
-                self.fields.update(train_loss=rec.get("loss"), samples_per_s=rec.get("samples_per_s"))
-            elif rec.get("split") == "val":
-                names = [k for k in rec if k not in ("t", "step", "epoch", "split")]
-                self.metric = self.metric or (names[0] if names else "")
-                v = rec.get(self.metric)
-                if isinstance(v, int | float) and math.isfinite(v) and (
-                        self.best is None or (v < self.best) == lower_is_better(self.metric, None)):
-                    self.best = v
-        return bool(records) or (self.total is not None and not had_total)
+        if records:
+            self.progress = fold(records, previous=self.progress)
+        return bool(records)
 
     def merge(self, row: RunRow) -> RunRow:
-        return replace(row, **self.fields, total_steps=self.total or row.total_steps,
-                       best=self.best, best_name=self.metric)
+        p = self.progress
+        row = replace(row, total_steps=p.total_steps or row.total_steps, best=p.best,
+                      best_name=p.metric or "", ends_at=p.ends_at)
+        if not p.lines:  # nothing logged yet
+            return row
+        return replace(row, step=p.step, epoch=p.epoch, train_loss=p.train_loss,
+                       samples_per_s=p.samples_per_s)
 
 
 class StoreSource:
@@ -113,7 +99,7 @@ class StoreSource:
         for run in changed:
             row = self.rows[run.id] = _row(run)
             if run.status == "running":
-                self.live.setdefault(run.id, Live(run.run_dir(self.root)))
+                self.live.setdefault(run.id, Live(run, run.run_dir(self.root)))
             else:
                 self.live.pop(run.id, None)
             out[run.id] = row
@@ -184,9 +170,7 @@ class StoreSource:
     def detail(self, run_id: str) -> RunDetail:
         run = self.store.get_run(run_id)
         folder = self._folder(run_id)
-        summary = runlog.summary_fields(run.summary)
-        if summary is None:
-            summary = runlog.read_summary(folder / layout.SUMMARY)
+        summary = Summary.from_json(run.summary) or runlog.read_summary(folder / layout.SUMMARY)
         skipped = self._skipped.get(run_id, 0)
         notes = (runlog.skipped_note(skipped, folder / layout.METRICS),) if skipped else ()
         shown = None
@@ -194,7 +178,7 @@ class StoreSource:
             when = found.get("when")
             when = when if isinstance(when, int | float) and math.isfinite(when) else None
             shown = Verdict(found["ok"], verdict.describe(found, short=True), when)
-        return RunDetail(config=run.spec.config, summary=summary, error=run.error, notes=notes,
+        return RunDetail(config=run.spec.config, summary=summary and summary.to_json(), error=run.error, notes=notes,
                          verdict=shown)
 
     # ---- actions: intents written into the store ------------------------------------------

@@ -14,11 +14,10 @@ from textual.markup import escape
 from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
+from gridrun.engine import records as rec
 from gridrun.tui.source import RunDetail, RunRow, Verdict
 from gridrun.tui.widgets import fmt
 from gridrun.tui.widgets.curves import Curves, Series
-
-NOT_METRICS = {"t", "step", "epoch", "split", "lr", "samples_per_s", "step_time", "tokens_per_s"}
 
 
 class CurveData:
@@ -28,14 +27,14 @@ class CurveData:
         self.series: dict[str, Series] = {}
 
     def add(self, records: tuple[dict[str, Any], ...]) -> None:
-        for rec in records:
-            step, split = rec.get("step", 0), rec.get("split")
-            if split not in ("train", "val"):
-                continue  # the "start" line holds total_steps, not a curve
-            for key, value in rec.items():
-                if key in ("t", "step", "epoch", "split") or not isinstance(value, int | float):
+        for line in records:
+            step, split = line.get(rec.STEP, 0), line.get(rec.SPLIT)
+            if split not in (rec.TRAIN, rec.VAL):
+                continue  # the start line declares, it holds no curve
+            for key, value in rec.values(line).items():
+                if not isinstance(value, int | float):
                     continue
-                name = key if key in NOT_METRICS - {"loss"} else f"{split} {key}"
+                name = key if key in rec.LOOP else f"{split} {key}"  # "train loss", "val accuracy"
                 self.series.setdefault(name, []).append((step, value))
 
     def pick(self, *names: str) -> dict[str, Series]:

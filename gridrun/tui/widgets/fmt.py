@@ -75,6 +75,8 @@ def elapsed(r: RunRow, now: float) -> float | None:
 def eta(r: RunRow, now: float) -> float | None:
     if r.status != "running":
         return None
+    if r.ends_at is not None:  # the run's own pace (progress.fold)
+        return max(0.0, r.ends_at - now)
     done = r.step / r.total_steps if r.total_steps else (r.epoch / r.epochs if r.epochs else 0)
     if done <= 0:
         return None
