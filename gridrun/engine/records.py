@@ -75,6 +75,21 @@ def start_line(t: float, total_steps: int, metrics: Mapping[str, str],
             METRICS: dict(metrics), EARLY_STOP_METRIC: early_stop_metric}
 
 
+def train_line(t: float, step: int, epoch: int, loss: float, lr: float,
+               samples_per_s: float | None, step_time: float, *, counts_tokens: bool = False,
+               tokens_per_s: float | None = None) -> TrainLine:
+    """A log point; `tokens_per_s` only for a task that counts tokens."""
+    line: TrainLine = {T: t, STEP: step, EPOCH: epoch, SPLIT: TRAIN, LOSS: loss, LR: lr,
+                       SAMPLES_PER_S: samples_per_s, STEP_TIME: step_time}
+    if counts_tokens:
+        line[TOKENS_PER_S] = tokens_per_s
+    return line
+
+
+def val_line(t: float, step: int, epoch: int, metrics: Mapping[str, float]) -> ValLine:
+    return {T: t, STEP: step, EPOCH: epoch, SPLIT: VAL, **metrics}
+
+
 def direction(metric: str, declared: Mapping[str, str] | None = None) -> str:
     """LOWER or HIGHER: as declared, else the one guess (a name with loss, error or
     perplexity in it is lower-is-better) for records from before declarations."""

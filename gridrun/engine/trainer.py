@@ -164,7 +164,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         def evaluate_and_track() -> bool:
             """Evaluate, log, keep best.pt; True when early stopping says stop."""
             values = evaluate(model, task, val_data, device, autocast)
-            writer.write({"t": time.time(), "step": step, "epoch": epoch, "split": records.VAL, **values})
+            writer.write(records.val_line(time.time(), step, epoch, values))
             summary["final"] = values
             log(f"eval  step {step:>6}  " + "  ".join(f"{k} {v:.4g}" for k, v in values.items()))
             if not all(math.isfinite(v) for v in values.values()):
@@ -248,16 +248,14 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
                         status = states.DIVERGED
                         log(f"diverged: non-finite loss at step {bad_step}")
                         break
-                    record = {"t": time.time(), "step": step, "epoch": epoch, "split": records.TRAIN,
-                              "loss": sum(losses) / len(losses), "lr": lr,
-                              "samples_per_s": samples / elapsed if elapsed else None,
-                              "step_time": elapsed / interval_steps}
-                    if task.count_tokens:
-                        record["tokens_per_s"] = tokens / elapsed if elapsed else None
-                    writer.write(record)
-                    summary["train_loss"] = record["loss"]
-                    log(f"train step {step:>6}/{total}  epoch {epoch}  loss {record['loss']:.4f}  "
-                        f"lr {lr:.3g}  {record['samples_per_s'] or 0:,.0f} samples/s")
+                    mean_loss, speed = sum(losses) / len(losses), samples / elapsed if elapsed else None
+                    writer.write(records.train_line(
+                        time.time(), step, epoch, mean_loss, lr, speed, elapsed / interval_steps,
+                        counts_tokens=bool(task.count_tokens),
+                        tokens_per_s=tokens / elapsed if elapsed else None))
+                    summary["train_loss"] = mean_loss
+                    log(f"train step {step:>6}/{total}  epoch {epoch}  loss {mean_loss:.4f}  "
+                        f"lr {lr:.3g}  {speed or 0:,.0f} samples/s")
                     pending.clear()
                     samples = tokens = interval_steps = 0
                     interval_start = time.perf_counter()
