@@ -9,16 +9,35 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+DEFAULT_ROOT = Path("runs")
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the option was typed on the command line (not a default or $GRIDRUN_ROOT).
+    By the enum's name: Typer ships its own copy of Click's ParameterSource."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
+def _root(ctx: typer.Context, param: typer.CallbackParam, value: Path) -> Path:
+    """Which root a command uses: its own `--root`, else the top-level
+    `gridrun --root DIR`, else $GRIDRUN_ROOT, else ./runs."""
+    top = ctx.find_root()
+    if top is ctx or _given(ctx, param.name) or not _given(top, param.name):
+        return value
+    return top.params[param.name]
+
+
 RootOption = Annotated[
     Path,
     typer.Option(
         "--root",
         envvar="GRIDRUN_ROOT",
-        help="The runs root (default ./runs, or $GRIDRUN_ROOT).",
+        help="The runs root (default ./runs, or $GRIDRUN_ROOT, or `gridrun --root DIR CMD`).",
         file_okay=False,
+        callback=_root,
     ),
 ]
-DEFAULT_ROOT = Path("runs")
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

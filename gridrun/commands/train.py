@@ -1,13 +1,29 @@
-"""`gridrun train FILE [RUN]`: one cell of an experiment file, in the foreground."""
+"""`gridrun train FILE [RUN]`: one cell of an experiment file, in the foreground.
+
+The run is a run like any other: it is in the store (slot `fg`, this process's
+pid) while it trains, so `gridrun ls` and the interface show it and the engine
+leaves it alone; it ends there with its status and summary. If this process is
+killed outright, the engine (or the next `gridrun train`) sees its pid gone and
+returns the run to the queue.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, open_store
 from gridrun.commands.plan import FileArgument, load_or_exit
+
+LOCK_TRIES = 50  # the engine's lock probe holds the lock for an instant: try again a little
 
 
 def pick(runs, wanted: str | None):
@@ -28,6 +44,82 @@ def pick(runs, wanted: str | None):
          "type more of the id")
 
 
+def claim(root: Path, spec, file: Path, pid: int, start_time: float | None):
+    """Take the run in the store for this process, or end the command saying who has it.
+    Returns the row as it was before (its pending `fresh`, its status)."""
+    from gridrun.commands.engine import provenance
+    from gridrun.engine import states
+    from gridrun.engine.scheduler import foreground_alive
+    from gridrun.engine.store import FOREGROUND
+
+    prov = provenance(file.resolve().parent)
+    with open_store(root) as store:
+        dead = None
+        while True:
+            taken, before = store.claim_foreground(spec, pid, start_time, provenance=prov,
+                                                   dead_pid=dead)
+            if taken:
+                return before
+            if before.slot != FOREGROUND or before.status != states.RUNNING:
+                fail(f"{spec.id} is {before.status} on the engine (slot {before.slot}, pid "
+                     f"{before.pid}): `gridrun cancel {spec.id}` stops it at its next checkpoint, "
+                     "then `gridrun train` resumes it here", 1)
+            if before.pid == dead or foreground_alive(before, root):
+                fail(f"{spec.id} already trains in the foreground (pid {before.pid}): "
+                     "one process per run", 1)
+            dead = before.pid  # killed outright: take it over, once
+
+
+def hold_lock(run_dir: Path, pid: int, start_time: float | None) -> int | None:
+    """The run's lock, as the engine's worker takes it (backends/child.py): held
+    while this process lives, so nothing else can execute the run meanwhile."""
+    from gridrun.engine.backends import child
+
+    fd = os.open(run_dir / child.LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    for _ in range(LOCK_TRIES):
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            time.sleep(0.01)
+            continue
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": pid, "start_time": start_time}).encode(), 0)
+        return fd
+    os.close(fd)
+    return None
+
+
+def record_end(root: Path, run_id: str, run_dir: Path, pid: int, code: int | None,
+               error: str | None = None) -> str:
+    """The run's ending in the store, as the engine records one; what to print."""
+    from gridrun.engine import layout, runlog, states
+
+    summary = runlog.read_summary(run_dir / layout.SUMMARY)
+    status = states.STATUS_OF_EXIT.get(code, states.FAILED)
+    s = summary or {}
+    fields = {"ended_at": time.time(), "summary": summary, "fresh": False}
+    if status == states.INTERRUPTED:
+        # ctrl-c is the user's stop, not the machine's: kept out of the engine's queue
+        status = states.CANCELLED
+        fields["note"] = "stopped in the foreground; `gridrun train` or `gridrun retry` resumes it"
+    elif status == states.COMPLETED:
+        fields["note"] = "completed in the foreground"
+    else:
+        fields["error"] = "\n".join(x for x in (error or s.get("error") or f"exit code {code}",
+                                                s.get("traceback")) if x)
+        fields["note"] = (f"diverged at step {s.get('diverged_step')}" if status == states.DIVERGED
+                          else "out of memory" if status == states.OOM else "failed") \
+            + " in the foreground"
+    try:
+        with open_store(root) as store:
+            if not store.end_foreground(run_id, pid, status, **fields):
+                typer.echo(f"warning: {run_id} was taken from this process meanwhile; "
+                           "the store keeps what its new owner recorded", err=True)
+    except typer.Exit:  # the store went bad during training: the folder still has it all
+        pass
+    return status
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def train(
@@ -38,11 +130,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train one run of an experiment file in the foreground.
 
-        Resumes from the run's last checkpoint when there is one. The exit code
-        tells completed (0), failed (1), diverged (3), out of memory (4) and
-        interrupted (5) apart; ctrl-c checkpoints and exits 5.
+        Resumes from the run's last checkpoint when there is one. The run is in
+        the store while it trains (slot `fg`: `gridrun ls` and the interface show
+        it; the engine leaves it alone). The exit code tells completed (0),
+        failed (1), diverged (3), out of memory (4) and interrupted (5) apart;
+        ctrl-c checkpoints, exits 5 and leaves the run cancelled (resumable).
         """
         from gridrun.engine import layout, states, worker
+        from gridrun.engine.backends import child
         from gridrun.engine.spec import write_run_config
 
         chosen = pick(load_or_exit(file), run)
@@ -51,8 +146,37 @@ def register(app: typer.Typer) -> None:
             run_dir = layout.make_run_dir(root, chosen.experiment, chosen.id)
         except (layout.UnsafePath, OSError) as e:
             fail(f"cannot use the run's folder: {e}")
-        write_run_config(run_dir / layout.CONFIG, chosen)
-        code = worker.main(run_dir, fresh=fresh)
+        pid = os.getpid()
+        start_time = child.process_start_time(pid)
+        before = claim(root, chosen, file, pid, start_time)
+        lock = hold_lock(run_dir, pid, start_time)
+        if lock is None:
+            holder = child.lock_holder(run_dir) or {}
+            # a process the store lost track of runs it: the engine adopts it from the queue
+            with open_store(root) as store:
+                store.end_foreground(chosen.id, pid, states.QUEUED,
+                                     note=f"already running in pid {holder.get('pid')}")
+            fail(f"{chosen.id} is already running in another process (pid {holder.get('pid')})", 1)
+        try:
+            start_over = fresh or before.fresh
+            if start_over:  # as the engine: an old checkpoint is never resumed after a fresh start
+                shutil.rmtree(run_dir / layout.CHECKPOINTS, ignore_errors=True)
+                (run_dir / layout.SUMMARY).unlink(missing_ok=True)
+            write_run_config(run_dir / layout.CONFIG, chosen)
+            try:
+                code = worker.main(run_dir, fresh=start_over)
+            except KeyboardInterrupt:  # before the worker's own handler
+                record_end(root, chosen.id, run_dir, pid, states.EXIT_CODES[states.INTERRUPTED])
+                raise typer.Exit(states.EXIT_CODES[states.INTERRUPTED]) from None
+            except BaseException as e:
+                record_end(root, chosen.id, run_dir, pid, states.EXIT_CODES[states.FAILED],
+                           error=f"{type(e).__name__}: {e}")
+                raise
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(lock)
+        recorded = record_end(root, chosen.id, run_dir, pid, code)
         status = states.STATUS_OF_EXIT[code]
-        typer.echo(f"{status}: {run_dir}", err=code != 0)
+        typer.echo(f"{status}: {run_dir}" + (f" (the run is {recorded}: `gridrun train` resumes it)"
+                                             if recorded != status else ""), err=code != 0)
         raise typer.Exit(code)

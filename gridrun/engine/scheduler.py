@@ -17,16 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.engine import layout, outputlog, runlog, states
+from gridrun.engine.backends import child
 from gridrun.engine.backends.base import EXIT_ALREADY_RUNNING, Backend, Exited, Handle, Slot
 from gridrun.engine.records import Summary
 from gridrun.engine.spec import write_run_config
-from gridrun.engine.store import Run, Store
+from gridrun.engine.store import FOREGROUND, Run, Store
 
 log = logging.getLogger("gridrun.engine")
 
 MAX_RESTARTS = 3  # a run whose process keeps dying under it fails after this
 HEARTBEAT = "engine_heartbeat"  # store state: {"pid", "t"}, written every HEARTBEAT_EVERY s
 HEARTBEAT_EVERY = 1.0
+FOREGROUND_EVERY = 2.0  # how often the engine looks whether foreground runs' processes live
 OUTPUT_TAIL_LINES = 30
 
 
@@ -68,6 +70,18 @@ def read_summary(run_dir: Path) -> Summary | None:
     return runlog.read_summary(run_dir / layout.SUMMARY)
 
 
+def foreground_alive(run: Run, root: Path) -> bool:
+    """Whether the `gridrun train` process of a foreground run still runs: its pid
+    is still that process, or someone holds the run's lock (a process elsewhere on
+    a shared root). The engine and the next `gridrun train` ask the same question."""
+    if run.pid and child.alive(run.pid, run.pid_start_time) is not None:
+        return True
+    try:
+        return child.lock_holder(run.run_dir(root)) is not None
+    except OSError:
+        return False
+
+
 def folder_id(path: Path) -> tuple[int, int] | None:
     """Which folder `path` is (device, inode), or None if there is none."""
     try:
@@ -103,6 +117,7 @@ class Engine:
         self._next_sample = 0.0
         self._next_processes = 0.0
         self._next_heartbeat = 0.0
+        self._next_foreground = 0.0
         self._processes: list = []
 
     # ---- the loop -------------------------------------------------------------
@@ -150,6 +165,7 @@ class Engine:
                                             f"{type(e).__name__}: {e}", note="failed")
         self.sample_telemetry()
         self.heartbeat()
+        self.watch_foreground()
 
     def heartbeat(self) -> None:
         """Say "alive" in the store (daemon.status reads it): a frozen engine stops saying it."""
@@ -173,6 +189,9 @@ class Engine:
         cancels = {i.run_id: i for i in self.store.intents(pending=True, limit=1_000_000)
                    if i.kind == "cancel"}
         for run in self.store.list_runs(status=states.RUNNING):
+            if run.slot == FOREGROUND:
+                self._check_foreground(run)
+                continue
             slot = self._free_slot(prefer=run.slot)
             try:
                 handle = self.backend.reattach(run.id, run.run_dir(self.root), run.pid,
@@ -195,6 +214,31 @@ class Engine:
                                   slot=slot.name if slot else run.slot,
                                   note="adopted after an engine restart")
             log.info("adopted %s (pid %d)", run.id, handle.pid)
+
+    # ---- foreground runs -----------------------------------------------------------
+
+    def watch_foreground(self) -> None:
+        """Runs `gridrun train` trains in its own process are never launched,
+        adopted or stopped here; one whose process is gone (SIGKILL, a closed
+        terminal) goes back to the queue, as a run whose process died."""
+        now = time.monotonic()
+        if now < self._next_foreground:
+            return
+        self._next_foreground = now + FOREGROUND_EVERY
+        try:
+            for run in self.store.list_runs(status=states.RUNNING):
+                if run.slot == FOREGROUND:
+                    self._check_foreground(run)
+        except Exception as e:  # a busy store is no reason to stop
+            log.warning("could not look at foreground runs: %s", e)
+
+    def _check_foreground(self, run: Run) -> None:
+        if foreground_alive(run, self.root):
+            return
+        note = (f"interrupted: its foreground process (pid {run.pid}) was gone; "
+                "returned to the queue, resumes from its checkpoint")
+        if self.store.end_foreground(run.id, run.pid, states.QUEUED, note=note):
+            log.info("%s %s", run.id, note)
 
     def _free_slot(self, prefer: str | None = None) -> Slot | None:
         used = {a.slot.name for a in self.active.values() if a.slot}
@@ -299,6 +343,8 @@ class Engine:
             run = self.store.list_runs(ids=[run_id])[0]
         except IndexError:
             return
+        if act is None and run.slot == FOREGROUND:
+            return  # a `gridrun train` process seen through its lock at a launch: not ours
         run_dir = run.run_dir(self.root)
         summary = read_summary(run_dir)
         code = event.code

@@ -29,6 +29,9 @@ from gridrun.engine.spec import RunSpec
 
 RETRYABLE = (states.FAILED, states.DIVERGED, states.OOM, states.CANCELLED)
 ACTIVE = (states.QUEUED, states.RUNNING)
+FOREGROUND = "fg"  # the slot of a run `gridrun train` trains in its own process
+# what `gridrun train` may take without a second look: a new attempt of an ended run
+CLAIMABLE = (states.QUEUED, states.INTERRUPTED, states.COMPLETED, *RETRYABLE)
 TELEMETRY_KEEP = 3600  # samples: an hour at 1 Hz
 
 # Append only: each entry moves the schema from version i to i + 1.
@@ -134,7 +137,7 @@ class Run:
     restarts: int  # times its process died under it and it was requeued
     fresh: bool  # the next launch ignores checkpoints
     not_before: float  # backoff: not launched before this unix time
-    slot: str | None  # "cpu0", "gpu1", ... while running
+    slot: str | None  # "cpu0", "gpu1", ... while running; FOREGROUND under `gridrun train`
     pid: int | None
     pid_start_time: float | None
     queued_at: float
@@ -183,6 +186,17 @@ def _loads(text: str | None) -> Any:
 
 def _dumps(value: Any) -> str | None:
     return None if value is None else json.dumps(value, sort_keys=True)
+
+
+def _columns(fields: dict[str, Any]) -> dict[str, Any]:
+    """Fields as their columns hold them: JSON ones (summary, config, adjustments,
+    provenance) may be given as Python values, `fresh` as a bool."""
+    for key in ("summary", "config", "adjustments", "provenance"):
+        if key in fields and not isinstance(fields[key], str | None):
+            fields[key] = _dumps(list(fields[key]) if key == "adjustments" else fields[key])
+    if "fresh" in fields:
+        fields["fresh"] = int(fields["fresh"])
+    return fields
 
 
 def _run(row: sqlite3.Row) -> Run:
@@ -363,12 +377,7 @@ class Store:
             for spec in runs:
                 row = db.execute("SELECT status, attempt FROM runs WHERE id = ?", (spec.id,)).fetchone()
                 if row is None:
-                    db.execute(
-                        "INSERT INTO runs (id, experiment, variant, ablation, seed, config, status, "
-                        "priority, queued_at, provenance, seq) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                        (spec.id, spec.experiment, spec.variant, spec.ablation, spec.seed,
-                         json.dumps(spec.to_dict()), states.QUEUED, priority, now, prov,
-                         self._next_seq(db)))
+                    self._insert(db, spec, prov, priority, now)
                     queued.append(spec.id)
                     continue
                 status, attempt = row
@@ -384,6 +393,56 @@ class Store:
                              note="queued again" + (" (--force)" if force else ""))
                 queued.append(spec.id)
         return queued, skipped
+
+    def _insert(self, db, spec: RunSpec, provenance: str | None, priority: int, now: float) -> None:
+        db.execute(
+            "INSERT INTO runs (id, experiment, variant, ablation, seed, config, status, "
+            "priority, queued_at, provenance, seq) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (spec.id, spec.experiment, spec.variant, spec.ablation, spec.seed,
+             json.dumps(spec.to_dict()), states.QUEUED, priority, now, provenance,
+             self._next_seq(db)))
+
+    # ---- foreground runs: `gridrun train` ------------------------------------------
+
+    def claim_foreground(self, spec: RunSpec, pid: int, start_time: float | None, *,
+                         provenance: Mapping[str, Any] | None = None,
+                         dead_pid: int | None = None) -> tuple[bool, Run]:
+        """`gridrun train` takes a run for its own process: queued first if the store
+        has no such run (as `gridrun queue` would), then `running` on slot FOREGROUND
+        with `pid`, from queued, or as a new attempt from an ended state, or from a
+        foreground process `dead_pid` the caller found gone. The engine never
+        launches, adopts or stops it. Returns (taken, the row as it was before)."""
+        now = time.time()
+        with self._tx() as db:
+            if self._status(db, spec.id) is None:
+                self._insert(db, spec, _dumps(provenance), 0, now)
+            before = _run(db.execute("SELECT * FROM runs WHERE id = ?", (spec.id,)).fetchone())
+            took_over = (before.status == states.RUNNING and before.slot == FOREGROUND
+                         and dead_pid is not None and before.pid == dead_pid)
+            if before.status not in CLAIMABLE and not took_over:
+                return False, before
+            again = before.status not in (states.QUEUED, states.RUNNING)
+            extra = dict(attempt=before.attempt + 1, retries=0, restarts=0, error=None,
+                         adjustments=None, queued_at=now, not_before=0) if again else {}
+            note = (f"training in the foreground (pid {pid})"
+                    + (f"; took over from pid {dead_pid}, which was gone" if took_over else ""))
+            taken = self._update(db, spec.id, [before.status], status=states.RUNNING,
+                                 slot=FOREGROUND, pid=pid, pid_start_time=start_time,
+                                 started_at=now, ended_at=None, fresh=0,
+                                 config=json.dumps(spec.to_dict()), note=note, **extra)
+            return taken, before
+
+    def end_foreground(self, run_id: str, pid: int, status: str, **fields: Any) -> bool:
+        """A foreground run ends (or, its process gone, goes back to the queue): only
+        while it is still `running` on FOREGROUND under `pid`, so a process that was
+        taken over never overwrites its successor."""
+        fields = _columns(fields)
+        with self._tx() as db:
+            mine = db.execute("SELECT 1 FROM runs WHERE id = ? AND status = ? AND slot = ? "
+                              "AND pid = ?", (run_id, states.RUNNING, FOREGROUND, pid)).fetchone()
+            return mine is not None and self._update(
+                db, run_id, [states.RUNNING], status=status, slot=None, pid=None,
+                pid_start_time=None, **fields)
 
     # ---- intents: what any client may ask -----------------------------------------
 
@@ -404,6 +463,10 @@ class Store:
                                 ended_at=time.time(), note="cancelled while queued"):
                     self._intent(db, "cancel", run_id, outcome="cancelled")
                     out[run_id] = "cancelled"
+                elif fg := db.execute("SELECT pid FROM runs WHERE id = ? AND status = ? AND "
+                                      "slot = ?", (run_id, states.RUNNING, FOREGROUND)).fetchone():
+                    out[run_id] = (f"not cancelled: it trains in the foreground (pid {fg[0]}); "
+                                   "stop it there (ctrl-c checkpoints it)")
                 elif self._status(db, run_id) == states.RUNNING:
                     self._intent(db, "cancel", run_id)
                     out[run_id] = "cancelling"
@@ -502,12 +565,7 @@ class Store:
         """Move a run to `status` only if it is in `expected`; False if someone
         else moved it first. JSON fields (summary, config, adjustments) may be
         given as Python values."""
-        for key in ("summary", "config", "adjustments", "provenance"):
-            if key in fields and not isinstance(fields[key], str | None):
-                fields[key] = _dumps(list(fields[key]) if key == "adjustments" else fields[key])
-        for key in ("fresh",):
-            if key in fields:
-                fields[key] = int(fields[key])
+        fields = _columns(fields)
         expected = [expected] if isinstance(expected, str) else list(expected)
         with self._tx() as db:
             return self._update(db, run_id, expected, status=status, **fields)

@@ -1,0 +1,226 @@
+"""Foreground runs are runs: `gridrun train` records its run in the store (slot
+`fg`, its pid) while it trains; the engine never launches, adopts or stops it;
+a `gridrun train` killed outright leaves a run that the engine or the next
+`gridrun train` returns to the queue or takes over."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from test_engine_kit import engine_for, kill_quietly, slow_run, wait_for
+from typer.testing import CliRunner
+
+from gridrun.cli import app
+from gridrun.engine import daemon, layout, states
+from gridrun.engine.backends import child
+from gridrun.engine.store import FOREGROUND, Store
+
+SLOW = """
+[experiments.fg]
+task = "helper_tasks:slow_spirals"
+step_sleep = {sleep}
+train_size = 256
+val_size = 64
+hidden = 16
+depth = 1
+epochs = {epochs}
+batch_size = 64
+log_every = 2
+checkpoint_every = 2
+"""
+
+
+@pytest.fixture
+def root(tmp_path):
+    root = tmp_path / "runs"
+    yield root
+    # never leave an engine or a `gridrun train` behind
+    kill_quietly(daemon.status(root).pid)
+    if (root / layout.DB_NAME).exists():
+        with Store(root) as store:
+            for run in store.list_runs(status=states.RUNNING):
+                if run.pid:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(run.pid, signal.SIGKILL)
+
+
+def dead_pid() -> tuple[int, float]:
+    """A pid (and its start time) whose process has ended."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    start = child.process_start_time(proc.pid)
+    proc.wait()
+    return proc.pid, start
+
+
+def row(root, run_id):
+    with Store(root) as store:
+        return store.list_runs(ids=[run_id])[0]
+
+
+def listed(root) -> dict:
+    out = CliRunner().invoke(app, ["ls", "--json", "--root", str(root)])
+    assert out.exit_code == 0, out.output
+    return {r["id"]: r for r in json.loads(out.output)}
+
+
+def train(file, root) -> subprocess.Popen:
+    # its own session, as a shell's job: the fixture can kill it and what it started
+    return subprocess.Popen([sys.executable, "-m", "gridrun", "train", str(file), "--root",
+                             str(root)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def experiment(tmp_path, sleep=0.05, epochs=3):
+    file = tmp_path / "exp.toml"
+    file.write_text(SLOW.format(sleep=sleep, epochs=epochs))
+    out = CliRunner().invoke(app, ["plan", "--json", str(file)])
+    (run,) = json.loads(out.output)["runs"]
+    return file, run["id"]
+
+
+def checkpointed(root, run_id):
+    return (layout.run_dir(root, "fg", run_id) / layout.CHECKPOINTS / "last.pt").exists()
+
+
+# ---- the store -------------------------------------------------------------------------
+
+
+def test_claim_queues_then_takes_and_refuses_what_is_not_its(tmp_path):
+    run = slow_run()
+    with Store(tmp_path / "r") as store:
+        taken, before = store.claim_foreground(run, 111, 1.0, provenance={"git_commit": "abc"})
+        assert taken and before.status == states.QUEUED  # queued by the user, then taken
+        (r,) = store.list_runs()
+        assert (r.status, r.slot, r.pid, r.pid_start_time) == (states.RUNNING, FOREGROUND, 111, 1.0)
+        assert r.provenance["git_commit"] == "abc" and r.attempt == 1
+        # a second foreground process, or a dead pid that is not the one recorded, is refused
+        assert not store.claim_foreground(run, 222, 2.0)[0]
+        assert not store.claim_foreground(run, 222, 2.0, dead_pid=999)[0]
+        assert store.cancel([run.id])[run.id].startswith("not cancelled: it trains in the foreground")
+        assert store.intents(pending=True) == []  # the engine is asked nothing
+        # the recorded pid found gone: taken over
+        assert store.claim_foreground(run, 222, 2.0, dead_pid=111)[0]
+        assert store.list_runs()[0].pid == 222
+        # only the owner ends it
+        assert not store.end_foreground(run.id, 111, states.COMPLETED)
+        assert store.end_foreground(run.id, 222, states.COMPLETED, summary={"status": "completed"})
+        r = store.list_runs()[0]
+        assert (r.status, r.slot, r.pid, r.summary) == (states.COMPLETED, None, None,
+                                                        {"status": "completed"})
+        # an ended run is trained again as a new attempt; an engine's run is refused
+        assert store.claim_foreground(run, 333, 3.0)[0] and store.list_runs()[0].attempt == 2
+        store.end_foreground(run.id, 333, states.QUEUED)
+        store.transition(run.id, states.QUEUED, states.RUNNING, slot="cpu0", pid=444)
+        taken, before = store.claim_foreground(run, 555, 5.0)
+        assert not taken and before.slot == "cpu0"
+
+
+# ---- the engine ------------------------------------------------------------------------
+
+
+def test_engine_leaves_a_live_foreground_run_alone(tmp_path, backend):
+    root = tmp_path / "r"
+    run = slow_run()
+    with Store(root) as store:
+        store.claim_foreground(run, os.getpid(), child.process_start_time(os.getpid()))
+    engine = engine_for(root, backend)
+    engine.recover()
+    engine.launch_ready()
+    engine._next_foreground = 0
+    engine.watch_foreground()
+    assert engine.active == {}
+    r = row(root, run.id)
+    assert (r.status, r.slot, r.pid) == (states.RUNNING, FOREGROUND, os.getpid())
+
+
+@pytest.mark.parametrize("how", ["recover", "watch"])
+def test_engine_returns_a_dead_foreground_run_to_the_queue(tmp_path, backend, how):
+    root = tmp_path / "r"
+    run = slow_run()
+    pid, start = dead_pid()
+    with Store(root) as store:
+        store.claim_foreground(run, pid, start)
+    engine = engine_for(root, backend)
+    if how == "recover":
+        engine.recover()
+    else:
+        engine.watch_foreground()
+    r = row(root, run.id)
+    assert (r.status, r.slot, r.pid) == (states.QUEUED, None, None)
+    assert f"foreground process (pid {pid}) was gone" in r.note
+
+
+# ---- gridrun train, as users meet it ---------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_foreground_run_is_live_in_ls_and_the_engine_never_launches_it(tmp_path, root):
+    file, run_id = experiment(tmp_path, sleep=0.1, epochs=20)  # ~60 steps: ~6 s and more
+    proc = train(file, root)
+    try:
+        wait_for(lambda: (root / layout.DB_NAME).exists() and
+                 listed(root).get(run_id, {}).get("status") == states.RUNNING, timeout=60)
+        r = listed(root)[run_id]
+        assert (r["slot"], r["pid"]) == (FOREGROUND, proc.pid)
+        # a second `gridrun train` of the same cell is refused; so is a cancel
+        again = CliRunner().invoke(app, ["train", str(file), "--root", str(root)])
+        assert again.exit_code == 1 and "already trains in the foreground" in again.output
+        daemon.start(root)
+        with Store(root) as store:  # the engine has looked at it (recovery, then its watch)
+            t0 = wait_for(lambda: store.get_state("engine_heartbeat"), timeout=60)["t"]
+            wait_for(lambda: store.get_state("engine_heartbeat")["t"] > t0 + 2.5, timeout=60)
+        assert proc.poll() is None, "trained too fast for the test to mean anything"
+        r = listed(root)[run_id]
+        assert (r["status"], r["slot"], r["pid"]) == (states.RUNNING, FOREGROUND, proc.pid)
+        assert proc.wait(120) == 0, proc.stdout.read()
+    finally:
+        kill_quietly(proc.pid)
+        daemon.stop(root)
+    r = listed(root)[run_id]
+    assert (r["status"], r["slot"], r["pid"]) == (states.COMPLETED, None, None)
+    assert r["summary"]["status"] == states.COMPLETED and r["ended_at"]
+    assert f"launched {run_id}" not in (root / "engine.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_sigkilled_train_is_taken_over_by_the_next_train(tmp_path, root):
+    file, run_id = experiment(tmp_path, sleep=0.1, epochs=6)
+    proc = train(file, root)
+    try:
+        wait_for(lambda: checkpointed(root, run_id), timeout=60)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        kill_quietly(proc.pid)
+    assert listed(root)[run_id]["status"] == states.RUNNING  # nobody has looked yet
+    again = CliRunner().invoke(app, ["train", str(file), "--root", str(root)])
+    assert again.exit_code == 0, again.output
+    assert "resumed from step" in again.output
+    r = listed(root)[run_id]
+    assert (r["status"], r["slot"]) == (states.COMPLETED, None)
+
+
+@pytest.mark.slow
+def test_a_sigkilled_train_is_resumed_by_the_engine(tmp_path, root):
+    file, run_id = experiment(tmp_path, sleep=0.1, epochs=6)
+    proc = train(file, root)
+    try:
+        wait_for(lambda: checkpointed(root, run_id), timeout=60)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        daemon.start(root)
+        with Store(root) as store:
+            wait_for(lambda: store.list_runs(ids=[run_id])[0].status in states.FINISHED,
+                     timeout=120)
+    finally:
+        kill_quietly(proc.pid)
+        daemon.stop(root)
+    r = listed(root)[run_id]
+    assert r["status"] == states.COMPLETED and r["summary"]["resumed_from_step"]
+    assert "foreground process" in (root / "engine.log").read_text()
