@@ -93,11 +93,13 @@ def record_end(root: Path, run_id: str, run_dir: Path, pid: int, code: int | Non
                error: str | None = None) -> str:
     """The run's ending in the store, as the engine records one; what to print."""
     from gridrun.engine import layout, runlog, states
+    from gridrun.engine.records import Summary
 
     summary = runlog.read_summary(run_dir / layout.SUMMARY)
     status = states.STATUS_OF_EXIT.get(code, states.FAILED)
-    s = summary or {}
-    fields = {"ended_at": time.time(), "summary": summary, "fresh": False}
+    s = summary or Summary()
+    fields = {"ended_at": time.time(), "summary": summary.to_json() if summary else None,
+              "fresh": False}
     if status == states.INTERRUPTED:
         # ctrl-c is the user's stop, not the machine's: kept out of the engine's queue
         status = states.CANCELLED
@@ -105,9 +107,9 @@ def record_end(root: Path, run_id: str, run_dir: Path, pid: int, code: int | Non
     elif status == states.COMPLETED:
         fields["note"] = "completed in the foreground"
     else:
-        fields["error"] = "\n".join(x for x in (error or s.get("error") or f"exit code {code}",
-                                                s.get("traceback")) if x)
-        fields["note"] = (f"diverged at step {s.get('diverged_step')}" if status == states.DIVERGED
+        fields["error"] = "\n".join(x for x in (error or s.error or f"exit code {code}",
+                                                s.traceback) if x)
+        fields["note"] = (f"diverged at step {s.diverged_step}" if status == states.DIVERGED
                           else "out of memory" if status == states.OOM else "failed") \
             + " in the foreground"
     try:
