@@ -121,7 +121,7 @@ def derive(run: RunSpec, overrides: Mapping[str, Any] | str) -> RunSpec:
             else:
                 known = [*TRAINER_KEYS, *signature.params, SEED]
                 refuse(key, f"unknown key {key!r}: not a trainer key and not a parameter of "
-                       f"task {run.task!r}", suggest_key(key, known))
+                       "the task", suggest_key(key, known))
                 continue
             target = task_args
         if expected is not None:
