@@ -17,7 +17,7 @@ from test_engine_kit import (
 )
 
 from gridrun.engine import layout, states
-from gridrun.engine.scheduler import slots_for
+from gridrun.engine.backends.slots import slots_for
 from gridrun.engine.spec import EngineConfig, read_run_config
 from gridrun.engine.store import Store
 

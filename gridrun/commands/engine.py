@@ -64,11 +64,11 @@ def _resolve(store, prefixes: list[str]) -> list[str]:
 def _queue(file: Path, root: Path, force: bool,
            check: bool = True) -> tuple[list, list[str], list[str]]:
     from gridrun.engine.backends.registry import BackendError, check_backend
-    from gridrun.engine.spec import SpecError, load_engine_config, load_runs
+    from gridrun.engine.spec import SpecError, load
 
     try:
-        runs = load_runs(file, force=force)
-        engine = load_engine_config(file) if _has_engine_table(file) else None
+        loaded = load(file, force=force)  # one read of the file: its runs and its [engine]
+        runs, engine = loaded.runs, loaded.engine
         if engine is not None:
             check_backend(engine)
     except SpecError as e:
@@ -94,13 +94,6 @@ def _queue(file: Path, root: Path, force: bool,
                + (f"; skipped {len(skipped)} already queued, running or completed"
                   " (--force runs them again)" if skipped else ""))
     return runs, queued, skipped
-
-
-def _has_engine_table(file: Path) -> bool:
-    import tomllib
-
-    with file.open("rb") as f:
-        return "engine" in tomllib.load(f)
 
 
 def queue(file: FileArg, force: Annotated[bool, typer.Option(

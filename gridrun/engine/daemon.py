@@ -194,7 +194,7 @@ class StoppedWhileStarting(BaseException):
 def serve(root: Path, **engine_options: Any) -> int:
     """The engine process itself (run by `start`, or in the foreground)."""
     from gridrun.engine.backends.registry import BackendError, make_backend, slots_for_backend
-    from gridrun.engine.doctor import lost_queue_warning
+    from gridrun.engine.rundirs import lost_queue_warning
     from gridrun.engine.scheduler import Engine
     from gridrun.engine.store import Store, StoreDamaged
 

@@ -30,7 +30,7 @@ from torch.utils.data import default_collate
 
 from gridrun.engine.seeding import rng_state, seed_everything, set_rng_state
 from gridrun.engine.spec import RunSpec, format_value
-from gridrun.engine.spec_errors import LineIndex, Problem, nearest
+from gridrun.engine.spec.errors import LineIndex, Problem, nearest
 from gridrun.engine.tasks import Task, resolve
 
 _TORCH_DIR = str(Path(torch.__file__).parent)

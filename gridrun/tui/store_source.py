@@ -12,7 +12,6 @@ import json
 import math
 import subprocess
 import sys
-import tomllib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
@@ -237,34 +236,41 @@ class StoreSource:
         return text
 
     def clone(self, run_id: str, override: str) -> str:
-        from gridrun.engine.spec import TRAINER_KEYS, RunSpec
-        from gridrun.engine.spec import run_id as make_id
+        """Queue `run_id` with `override` ("lr=0.01 epochs=60") applied, checked as a
+        file's keys are: ValueError with the spec's message, and nothing queued, when
+        a key or value is wrong. Trainer keys are checked here; a task key needs the
+        task factory's signature (its module imports torch), so that check runs in a
+        `python -m gridrun.engine.spec derive` subprocess, as the file checks do."""
+        from gridrun.engine.spec import SpecError, derive, needs_task, parse_overrides
 
-        key, eq, text = override.partition("=")
-        key = key.strip()
-        if not eq or not key:
-            raise ValueError(f"write the override as key=value, not {override!r}")
-        try:
-            value = tomllib.loads(f"v = {text.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = text.strip()
         spec = self.store.get_run(run_id).spec
-        trainer, task_args = dict(spec.trainer), dict(spec.task_args)
-        if key in TRAINER_KEYS:
-            trainer[key] = value
-        elif key in task_args:
-            task_args[key] = value
-        else:
-            raise ValueError(f"{key!r} is neither a trainer key nor a key of task {spec.task!r}")
-        words = [w for w in spec.variant.split() if not w.startswith(f"{key}=")]
-        variant = " ".join([*words, f"{key}={text.strip()}"])
-        new = RunSpec(id=make_id(spec.experiment, spec.task, trainer, task_args, spec.seed),
-                      experiment=spec.experiment, variant=variant,
-                      seed=spec.seed, task=spec.task, trainer=trainer, task_args=task_args,
-                      axes={**spec.axes, key: value}, ablation=spec.ablation)
+        try:
+            overrides = parse_overrides(override, where=f"clone of {run_id}")
+            new = self._derive_apart(spec, override) if needs_task(overrides) else derive(spec, overrides)
+        except (SpecError, ValueError) as e:  # ValueError: the subprocess's answer
+            raise ValueError(f"{e}\nnothing was queued") from None
         queued, _ = self.store.enqueue([new])
-        return f"queued clone {new.id} ({key}={text.strip()})" if queued else \
+        return f"queued clone {new.id} ({new.variant})" if queued else \
             f"{new.id} is already queued, running or done"
+
+    def _derive_apart(self, spec, override: str):
+        from gridrun.engine.spec import RunSpec
+
+        request = json.dumps({"run": spec.to_dict(), "overrides": override})
+        try:
+            done = subprocess.run([self.python, "-m", "gridrun.engine.spec", "derive"], input=request,
+                                  capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired as e:
+            raise ValueError(f"checking the task's keys took more than {e.timeout:g} s") from None
+        try:
+            answer = json.loads(done.stdout)
+        except ValueError:
+            answer = None
+        answer = answer if isinstance(answer, dict) else {}
+        if "run" in answer:
+            return RunSpec.from_dict(answer["run"])
+        raise ValueError("\n".join(answer.get("problems", ())) or (done.stderr or done.stdout).strip()
+                         or f"the clone's check failed (exit {done.returncode})")
 
     # ---- analysis -------------------------------------------------------------------------
 

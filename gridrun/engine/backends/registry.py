@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.engine.backends.base import Backend, Slot
+from gridrun.engine.backends.slots import slots_for
 
 NAMES = ("local", "ray")
 
@@ -51,6 +52,4 @@ def slots_for_backend(backend: Backend, config: Any) -> list[Slot]:
     else the config's."""
     if hasattr(backend, "slots"):
         return backend.slots()
-    from gridrun.engine.scheduler import slots_for
-
     return slots_for(config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
@@ -36,22 +37,55 @@ class Confirm(ModalScreen[bool]):
 
 
 class Prompt(ModalScreen[str | None]):
+    """A one-line answer. With `submit`, enter calls it (in a worker) with the answer:
+    its return value is the dialog's result; what it raises (a ValueError saying what
+    is wrong) is shown in the dialog, which stays open for a corrected answer."""
+
     CSS_PATH = "dialogs.tcss"
     BINDINGS: ClassVar = [Binding("escape", "dismiss(None)", "cancel")]
 
-    def __init__(self, question: str, default: str) -> None:
+    def __init__(self, question: str, default: str,
+                 submit: Callable[[str], str] | None = None) -> None:
         super().__init__()
-        self.question, self.default = question, default
+        self.question, self.default, self.submit = question, default, submit
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(self.question)
             yield Input(self.default, id="answer")
+            problem = Static("", id="problem")
+            problem.display = False  # until an answer is checked
+            yield problem
             yield Label("enter: ok   esc: cancel", classes="hint")
 
     @on(Input.Submitted)
     def submitted(self, event: Input.Submitted) -> None:
-        self.dismiss(event.value.strip() or None)
+        answer = event.value.strip() or None
+        if self.submit is None or answer is None:
+            self.dismiss(answer)
+            return
+        self.show_problem("[dim]checking …[/]")
+        self.check(answer)
+
+    @work(thread=True, group="prompt", exclusive=True, exit_on_error=False)
+    def check(self, answer: str) -> None:
+        try:
+            result = self.submit(answer)
+        except ValueError as e:
+            self.app.call_from_thread(self.refuse, str(e))
+            return
+        except Exception as e:  # any failure: shown here, never a dialog stuck at "checking"
+            self.app.call_from_thread(self.refuse, f"{type(e).__name__}: {e}")
+            return
+        self.app.call_from_thread(self.dismiss, result)
+
+    def refuse(self, problem: str) -> None:
+        self.show_problem(f"[red]{escape(problem)}[/]")
+
+    def show_problem(self, text: str) -> None:
+        box = self.query_one("#problem", Static)
+        box.update(text)
+        box.display = True
 
 
 class PathSuggester(Suggester):

@@ -182,11 +182,13 @@ class MainScreen(Screen):
         from gridrun.tui.screens.dialogs import Prompt
         run = self.table.current
 
-        def done(text: str | None) -> None:
-            if text:
-                self.act("clone", run.id, text)
+        def done(message: str | None) -> None:
+            if message:
+                self.notify(message)
+        # the dialog checks the keys as a file's are and stays open on a refusal
         self.app.push_screen(Prompt(f"Clone {run.id} ({run.variant or run.experiment}) "
-                                    "with key=value, e.g. lr=0.001", ""), done)
+                                    "with key=value ..., e.g. lr=0.001 epochs=60", "",
+                                    submit=lambda text: self.app.source.clone(run.id, text)), done)
 
     def action_compare(self) -> None:
         from gridrun.tui.screens.compare import CompareScreen

@@ -1,36 +1,34 @@
-"""Validation of an experiment file: every problem collected, none raised early.
+"""Validation of an experiment file's tables: every problem collected, none raised early.
 
-Split from spec.py to keep each module small; spec.py imports this lazily
-(it needs spec's trainer keys and dataclasses, defined there).
+Works on what tomllib gave (load.py reads the file); imports a task's module only
+to read its factory's signature, once per experiment.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import re
-import tomllib
-from pathlib import Path
 from typing import Any
 
-from gridrun.engine.spec import MAX_RUNS, TRAINER_KEYS, EngineConfig, ExperimentSpec, format_value
-from gridrun.engine.spec_errors import (
+from gridrun.engine.spec.errors import LineIndex, Problem, toml_type
+from gridrun.engine.spec.keys import (
     NO_DEFAULT,
-    LineIndex,
-    Problem,
-    SpecError,
+    RESERVED,
+    TRAINER_KEYS,
+    TaskSignature,
     check_task_value,
     check_trainer_value,
-    nearest,
-    toml_type,
+    suggest_key,
+    task_signature,
 )
+from gridrun.engine.spec.model import EngineConfig, ExperimentSpec, format_value
 
-RESERVED = ("task", "grid", "zip", "ablations", "seeds")
 TOP_LEVEL = ("defaults", "experiments", "engine")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 MAX_NAME = 100  # an experiment name is a folder name: far below any file system's 255 bytes
-MAX_DEPTH = 32  # tables and arrays within each other; tomllib recurses once per level
-MAX_SEEDS = 100_000  # spec.MAX_RUNS: `seeds = 10**9` is refused before a billion seeds are made
+MAX_SEEDS = 100_000  # MAX_RUNS: `seeds = 10**9` is refused before a billion seeds are made
+DEFAULT_CAP = 10_000  # runs one file may queue without --force
+MAX_RUNS = 100_000  # ... and with it: a bigger matrix is a mistake, refused before it is built
 
 
 class Checker:
@@ -79,72 +77,21 @@ class Checker:
         return None
 
 
-def _read(path: Path) -> tuple[dict[str, Any] | None, str, list[Problem]]:
-    file = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None, "", [Problem(file, "no such file")]
-    except UnicodeDecodeError:
-        return None, "", [Problem(file, "not a TOML file: it is not UTF-8 text")]
-    except OSError as exc:
-        return None, "", [Problem(file, f"cannot read the file: {exc.strerror}")]
-    try:
-        data = tomllib.loads(text)
-    except RecursionError:
-        return None, text, [Problem(file, "not valid TOML for gridrun: values are nested too "
-                                    f"deeply (more than {MAX_DEPTH} levels)")]
-    except tomllib.TOMLDecodeError as exc:
-        msg = str(exc)
-        m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
-        line, col = (int(m.group(1)), int(m.group(2))) if m else (None, None)
-        msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", msg)
-        return None, text, [Problem(file, f"not valid TOML: {msg}", line=line, column=col)]
-    deep = _too_deep(data)
-    if deep is not None:
-        return None, text, [Problem(file, f"not valid TOML for gridrun: {'.'.join(deep)} is nested "
-                                    f"too deeply (more than {MAX_DEPTH} levels)",
-                                    line=LineIndex(text).find(*deep))]
-    return data, text, []
-
-
-def _too_deep(data: dict[str, Any]) -> tuple[str, ...] | None:
-    """The key path of a value nested more than MAX_DEPTH levels, if any (no recursion:
-    later checks format values recursively)."""
-    stack: list[tuple[Any, tuple[str, ...], int]] = [(data, (), 0)]
-    while stack:
-        value, path, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            return path
-        if isinstance(value, dict):
-            stack += [(v, (*path, str(k)), depth + 1) for k, v in value.items()]
-        elif isinstance(value, list):
-            stack += [(v, path, depth + 1) for v in value]
-    return None
-
-
-def _task_params(c: Checker, exp: str, task: str) -> dict[str, Any] | None:
-    """{param: default or NO_DEFAULT} of the task factory, or None (any keyword: **kwargs)."""
+def _task_signature(c: Checker, exp: str, task: str) -> TaskSignature | None:
+    """The task factory's signature (importing its module), or None after adding the problem."""
     from gridrun.engine import tasks
 
     line = c.lines.find("experiments", exp, "task") or c.lines.find("defaults", "task")
     if ":" not in task and task not in tasks.BUILTIN:
         c.add(f"unknown task {task!r}: built-in tasks are {', '.join(sorted(tasks.BUILTIN))}, "
               "or write 'package.module:factory' for a task of your own",
-              experiment=exp, key="task", suggestion=nearest(task, tasks.BUILTIN), line=line)
-        return {}
+              experiment=exp, key="task", suggestion=suggest_key(task, tasks.BUILTIN), line=line)
+        return None
     try:
-        factory = tasks.resolve(task)
+        return task_signature(tasks.resolve(task))
     except tasks.TaskNotFound as exc:
         c.add(str(exc), experiment=exp, key="task", line=line)
-        return {}
-    params: dict[str, Any] = {}
-    for p in inspect.signature(factory).parameters.values():
-        if p.kind is p.VAR_KEYWORD:
-            return None
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-            params[p.name] = NO_DEFAULT if p.default is p.empty else p.default
-    return params
+        return None
 
 
 def _key_where(exp: str, path: tuple[str, ...]) -> dict[str, Any]:
@@ -168,7 +115,7 @@ def _check_key(c: Checker, exp: str, key: str, value: Any, params: dict[str, Any
         # a [defaults] key is checked by every experiment: name the task, not the experiment
         of = f"task {task!r}" if path[0] == "defaults" and task else "the task"
         c.add(f"unknown key {key!r}: not a trainer key and not a parameter of {of}",
-              *path, **_key_where(exp, path), suggestion=nearest(key, known))
+              *path, **_key_where(exp, path), suggestion=suggest_key(key, known))
         return False, None
     if expected is not None:
         c.add(expected, *path, **_key_where(exp, path))
@@ -234,9 +181,10 @@ def _experiment(c: Checker, name: str, table: Any, defaults: dict[str, Any]) -> 
     if not isinstance(task, str):
         c.add(f"expected a string, got {toml_type(task)}", *path, "task", experiment=name, key="task")
         return None
-    params = _task_params(c, name, task)
-    if len(c.problems) > n_before:
+    signature = _task_signature(c, name, task)
+    if signature is None:
         return None
+    params = None if signature.any_keyword else signature.params
 
     keys: dict[str, Any] = {}
     for source, items in (("defaults", defaults), ("experiments", table)):
@@ -294,20 +242,14 @@ def _experiment(c: Checker, name: str, table: Any, defaults: dict[str, Any]) -> 
     if len(c.problems) > n_before or seeds is None:
         return None
     return ExperimentSpec(name=name, task=task, keys=keys, grid=grid, zip=zipped,
-                          ablations=ablations, seeds=seeds)
+                          ablations=ablations, seeds=seeds, task_defaults=signature.defaults)
 
 
-def read_checked(path: str | Path) -> tuple[dict[str, Any] | None, Checker]:
-    path = Path(path)
-    data, text, problems = _read(path)
-    c = Checker(str(path), text)
-    c.problems.extend(problems)
-    if data is not None:
-        for key in data:
-            if key not in TOP_LEVEL:
-                c.add(f"unknown table {key!r}: a file holds [defaults], [experiments.NAME] and [engine]",
-                      key, suggestion=nearest(key, TOP_LEVEL))
-    return data, c
+def check_top_level(c: Checker, data: dict[str, Any]) -> None:
+    for key in data:
+        if key not in TOP_LEVEL:
+            c.add(f"unknown table {key!r}: a file holds [defaults], [experiments.NAME] and [engine]",
+                  key, suggestion=suggest_key(key, TOP_LEVEL))
 
 
 def _raw_count(table: Any, defaults: dict[str, Any]) -> int:
@@ -345,14 +287,11 @@ def check_size(c: Checker, counts: dict[str, int], *, cap: int, force: bool) -> 
           *(("experiments", big) if where else ()), **where)
 
 
-def validate_file(path: str | Path, *, cap: int | None = None,
-                  force: bool = False) -> list[ExperimentSpec]:
-    """Every experiment of the file, validated; SpecError with every problem otherwise.
-    With `cap`, a file of too many runs is refused first, alone, before any task is
-    imported (spec.load_runs)."""
-    data, c = read_checked(path)
-    if data is None:
-        raise SpecError(c.problems)
+def check_experiments(c: Checker, data: dict[str, Any], *, cap: int | None,
+                      force: bool = False) -> list[ExperimentSpec] | None:
+    """Every valid experiment of the file (problems go to `c`); None when the file
+    is refused for its size (with `cap`), checked first, from the raw axis lengths,
+    before any task is imported (a refusal costs milliseconds, whatever the product)."""
     defaults = data.get("defaults", {})
     if not isinstance(defaults, dict):
         c.add(f"expected a table, got {toml_type(defaults)}", "defaults")
@@ -367,11 +306,8 @@ def validate_file(path: str | Path, *, cap: int | None = None,
         check_size(c, {name: _raw_count(t, defaults) for name, t in experiments.items()},
                    cap=cap, force=force)
         if len(c.problems) > before:
-            raise SpecError(c.unique())
+            return None
     specs = [_experiment(c, name, table, defaults) for name, table in experiments.items()]
-    engine_config(data.get("engine", {}), c)
-    if c.problems:
-        raise SpecError(c.unique())
     return [s for s in specs if s is not None]
 
 
@@ -385,7 +321,7 @@ def engine_config(table: Any, c: Checker) -> EngineConfig:
         path = ("engine", key)
         if key not in names:
             c.add(f"unknown key {key!r} in [engine]", *path, key=f"engine.{key}",
-                  suggestion=nearest(key, names))
+                  suggestion=suggest_key(key, names))
         elif key == "gpus":
             if value == "auto":
                 fields[key] = "auto"
@@ -405,19 +341,10 @@ def engine_config(table: Any, c: Checker) -> EngineConfig:
                 fields[key] = value
             else:
                 c.add(f'expected "local" or "ray", got {value!r}', *path, key="engine.backend",
-                      suggestion=nearest(str(value), ("local", "ray")))
+                      suggestion=suggest_key(str(value), ("local", "ray")))
         elif isinstance(value, str) and value:
             fields[key] = value
         else:
             c.add(f'expected "auto", "ray://host:port" or "host:port", got {value!r}', *path,
                   key="engine.ray_address")
     return EngineConfig(**fields)
-
-
-
-def validate_engine(path: str | Path) -> EngineConfig:
-    data, c = read_checked(path)
-    config = engine_config((data or {}).get("engine", {}), c)
-    if c.problems:
-        raise SpecError(c.problems)
-    return config

@@ -1,0 +1,61 @@
+"""The run folders under a root, found from the disk alone (no store): listed,
+counted, and the warning that a store without runs sits beside them.
+
+Below both the daemon and the doctor, which each need it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from gridrun.engine import layout
+
+COUNT_LIMIT = 100_000  # run folders counted for the "lost queue" warning, at most
+
+
+def _subdirs(path: Path) -> Iterator[Path]:
+    """Real folders in `path` (never a symlink), dot-folders left out."""
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return
+    for e in sorted(entries, key=lambda e: e.name):
+        with contextlib.suppress(OSError):
+            if not e.name.startswith(".") and e.is_dir(follow_symlinks=False):
+                yield Path(e.path)
+
+
+def run_dirs(root: str | os.PathLike) -> Iterator[Path]:
+    """ROOT/<experiment>/<run_id> folders that hold a config.toml."""
+    for exp in _subdirs(Path(root)):
+        for run in _subdirs(exp):
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(os.lstat(run / layout.CONFIG).st_mode):
+                    yield run
+
+
+def count_run_dirs(root: str | os.PathLike, limit: int = COUNT_LIMIT) -> int:
+    n = 0
+    for _ in run_dirs(root):
+        n += 1
+        if n >= limit:
+            break
+    return n
+
+
+def lost_queue_warning(root: str | os.PathLike, store: Any) -> str | None:
+    """One line when the store has no runs but the root holds run folders."""
+    if store.has_runs():
+        return None
+    n = count_run_dirs(root)
+    if not n:
+        return None
+    more = "+" if n >= COUNT_LIMIT else ""
+    return (f"the store has no runs but {root} holds {n}{more} run folder{'s' * (n != 1)}: "
+            f"the queue may have been lost; `gridrun doctor --rebuild --root {shlex.quote(str(Path(root)))}` "
+            "restores it")

@@ -1,0 +1,100 @@
+"""Problems found in an experiment file, and where they are.
+
+tomllib gives values, not positions, so `LineIndex` scans the raw text for
+table headers and `key =` lines: enough to point at the line a person edits.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    message: str
+    line: int | None = None
+    column: int | None = None
+    experiment: str | None = None
+    key: str | None = None
+    suggestion: str | None = None
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        parts = [where + ":"]
+        if self.experiment is not None:
+            name = self.experiment
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                name = f'"{name}"'  # as TOML would need it quoted
+            parts.append(f"[experiments.{name}]")
+        if self.key is not None:
+            parts.append(f"{self.key}:")
+        parts.append(self.message)
+        text = " ".join(parts)
+        if self.suggestion:
+            text += f" (did you mean {self.suggestion!r}?)"
+        return text
+
+
+class SpecError(Exception):
+    """Every problem of an experiment file at once."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+def nearest(name: str, candidates: Iterable[str]) -> str | None:
+    found = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+_HEADER = re.compile(r"^\s*\[(?!\[)\s*([^\]]+?)\s*\]")
+_KEY = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
+
+
+def _split_dotted(text: str) -> tuple[str, ...]:
+    parts = re.findall(r"""[A-Za-z0-9_-]+|"[^"]*"|'[^']*'""", text)
+    return tuple(p.strip("\"'") for p in parts)
+
+
+class LineIndex:
+    """Lines of table headers and keys in a TOML text, by full dotted path."""
+
+    def __init__(self, text: str):
+        self.lines: dict[tuple[str, ...], int] = {}
+        table: tuple[str, ...] = ()
+        for number, raw in enumerate(text.splitlines(), start=1):
+            header = _HEADER.match(raw)
+            if header:
+                table = _split_dotted(header.group(1))
+                self.lines.setdefault(table, number)
+                continue
+            key = _KEY.match(raw)
+            if key:
+                path = table + _split_dotted(key.group(1))
+                for i in range(len(table) + 1, len(path) + 1):
+                    self.lines.setdefault(path[:i], number)
+
+    def find(self, *path: str) -> int | None:
+        """The line of `path`, or of its nearest enclosing key or table."""
+        for i in range(len(path), 0, -1):
+            if path[:i] in self.lines:
+                return self.lines[path[:i]]
+        return None
+
+
+_TOML_TYPE = {bool: "a boolean", int: "an integer", float: "a float", str: "a string",
+              list: "an array", dict: "a table"}
+
+
+def toml_type(value: Any) -> str:
+    return _TOML_TYPE.get(type(value), type(value).__name__)
