@@ -190,13 +190,15 @@ def _flatten(out: Any) -> tuple[list[torch.Tensor], list[str], Any]:
 
 @contextlib.contextmanager
 def _quiet():
-    """The exporters print progress and warn at length; the command says what matters."""
-    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._export")]
+    """The exporters print progress, graphs and warnings at length; the command says what matters."""
+    names = ["torch", *(n for n in logging.root.manager.loggerDict if n.startswith("torch."))]
+    loggers = [logging.getLogger(name) for name in names]
     levels = [logger.level for logger in loggers]
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    sink = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
         warnings.simplefilter("ignore")
         for logger in loggers:
-            logger.setLevel(logging.ERROR)
+            logger.setLevel(logging.CRITICAL)
         try:
             yield
         finally:
@@ -228,12 +230,12 @@ def export(fmt: str, model: torch.nn.Module, sig: Signature, path: Path) -> None
 
 def export_failure(fmt: str, exc: BaseException) -> str:
     """One paragraph on why the exporter refused, without its multi-page traceback."""
-    text = str(exc)
-    cause = exc.__cause__ or exc.__context__
-    if cause is not None and fmt == "onnx":  # torch.onnx wraps torch.export's error
-        text = f"{text}\n{cause}"
+    cause = exc.__cause__ if fmt == "onnx" else None  # torch.onnx wraps torch.export's error
+    inner = cause or exc
+    text = f"{exc}\n{cause}" if cause else str(exc)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    first = lines[0][:300] if lines else type(exc).__name__
+    first_lines = [line.strip() for line in str(inner).splitlines() if line.strip()]
+    first = first_lines[0][:300] if first_lines else ""
     where = next((line for line in lines if "File " in line and "site-packages" not in line), "")
     hint = ""
     if "data-dependent" in text or "data dependent" in text or "GuardOnDataDependent" in text:
@@ -244,7 +246,7 @@ def export_failure(fmt: str, exc: BaseException) -> str:
         hint = ("a dimension declared dynamic is fixed by the model; adjust the task's "
                 "dynamic_shapes (e.g. a max for a length) or leave that axis static")
     return "\n".join(part for part in (
-        f"cannot export to {fmt}: {type(exc).__name__}: {first}", where and f"  at {where}",
+        f"cannot export to {fmt}: {type(inner).__name__}: {first}", where and f"  at {where}",
         hint and f"  hint: {hint}") if part)
 
 
