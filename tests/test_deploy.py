@@ -173,3 +173,17 @@ def test_tolerances_can_be_tightened(root, tmp_path):
     report = json.loads((tmp_path / "parity.json").read_text())
     assert report["outputs"]["output"]["atol"] == 0
     assert result.exit_code == (0 if report["outputs"]["output"]["max_abs"] == 0 else 1)
+
+
+def test_load_run_finds_a_run_by_id_through_the_store(root, tmp_path, monkeypatch):
+    from gridrun.engine.spec import read_run_config
+    from gridrun.engine.store import Store
+
+    spec = read_run_config(folder_of(root, "spirals") / layout.CONFIG)
+    with Store(root) as store:
+        store.enqueue([spec])
+    monkeypatch.setenv("GRIDRUN_ROOT", str(root))
+    run = gridrun.load_run(spec.id[:3])  # the default root is $GRIDRUN_ROOT
+    assert run.folder == folder_of(root, "spirals") and run.summary["status"] == states.COMPLETED
+    with pytest.raises(DeployError, match="zz"):
+        gridrun.load_run("zz")
