@@ -187,3 +187,17 @@ def test_load_run_finds_a_run_by_id_through_the_store(root, tmp_path, monkeypatc
     assert run.folder == folder_of(root, "spirals") and run.summary["status"] == states.COMPLETED
     with pytest.raises(DeployError, match="zz"):
         gridrun.load_run("zz")
+
+
+def test_the_interface_exports_through_a_subprocess(root):
+    """StoreSource.export_model (the detail screen's `x`) runs `gridrun export-model --json`."""
+    from gridrun.tui.store_source import StoreSource
+
+    run_id = folder_of(root, "spirals").name  # queued in the store by the test above
+    source = StoreSource(root)
+    try:
+        message = source.export_model(run_id)
+    finally:
+        source.store.close()
+    assert message.startswith(f"exported {run_id} to ") and "parity ok" in message
+    assert (folder_of(root, "spirals") / "export" / "best" / "parity.json").is_file()
