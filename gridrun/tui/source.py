@@ -159,6 +159,7 @@ class Source(Protocol):
     def clone(self, run_id: str, override: str) -> str: ...
     def compare(self, experiment: str) -> Table: ...
     def export_csv(self, experiment: str, path: str, *, force: bool = False) -> str: ...
+    def export_model(self, run_id: str) -> str: ...
 
 
 class FakeSource:
@@ -262,6 +263,10 @@ class FakeSource:
     def compare(self, experiment: str) -> Table:
         self.actions.append(("compare", experiment))
         return self._tables.get(experiment, Table(experiment, ("variant",), ()))
+
+    def export_model(self, run_id: str) -> str:
+        self.actions.append(("export_model", run_id))
+        return f"exported {run_id} to {self.root}/{run_id}/export/best/model.onnx: parity ok"
 
     def export_csv(self, experiment: str, path: str, *, force: bool = False) -> str:
         if Path(path).is_symlink():

@@ -235,6 +235,33 @@ class StoreSource:
             raise RuntimeError(text or f"gridrun queue failed ({done.returncode})")
         return text
 
+    def export_model(self, run_id: str) -> str:
+        """`gridrun export-model RUN` in a subprocess (torch stays out of the interface):
+        ONNX when the export extra is installed, else a torch.export archive."""
+        import importlib.util
+
+        fmt = "onnx" if importlib.util.find_spec("onnxruntime") else "pt2"
+        try:
+            done = self._gridrun("export-model", run_id, "--format", fmt, "--json",
+                                 "--root", str(self.root), timeout=600)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"exporting {run_id} took more than 10 minutes "
+                               f"(try `gridrun export-model {run_id}`)") from None
+        try:
+            report = json.loads(done.stdout)
+        except ValueError:  # no report: the command's own one-paragraph reason
+            raise RuntimeError((done.stderr or done.stdout).strip()
+                               or f"gridrun export-model failed ({done.returncode})") from None
+        worst = max((o["max_abs"] for o in report["outputs"].values()), default=0.0)
+        where = self._folder(run_id) / "export" / "best" / report["model"]
+        verdict = (f"parity ok (max abs diff {worst:.2g})" if report["ok"]
+                   else f"PARITY FAILED: {report['problems'][0]}")
+        text = (f"exported {run_id} to {where} in {report['export_s']:.1f} s: {verdict}; "
+                "parity.json and model.json beside it")
+        if not report["ok"]:
+            raise RuntimeError(text)
+        return text
+
     def clone(self, run_id: str, override: str) -> str:
         """Queue `run_id` with `override` ("lr=0.01 epochs=60") applied, checked as a
         file's keys are: ValueError with the spec's message, and nothing queued, when

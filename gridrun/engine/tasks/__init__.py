@@ -42,6 +42,14 @@ class Task:
                 the length of the batch's first tensor.
     count_tokens   optional `f(batch) -> int` on the CPU batch; when given,
                 throughput is also reported as tokens per second.
+    inputs      optional `f(batch) -> tuple | dict`: what the model is called
+                with, for export (`gridrun export-model`); default: the
+                batch's first tensor.
+    dynamic_shapes  optional `{input: {axis: name}}` (or a tuple in the order
+                of `inputs`): the axes an exported model accepts at any size;
+                a name is a `torch.export.Dim` of that name, shared by the
+                inputs that use it, or give a `Dim` itself (with min/max).
+                Default: axis 0 of every input, one shared "batch" dimension.
     """
 
     model: Any
@@ -53,6 +61,8 @@ class Task:
     collate_fn: Callable[[list[Any]], Any] | None = None
     count_samples: Callable[[Any], int] | None = None
     count_tokens: Callable[[Any], int] | None = None
+    inputs: Callable[[Any], Any] | None = None
+    dynamic_shapes: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

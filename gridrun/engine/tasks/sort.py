@@ -53,6 +53,7 @@ class Sorter(nn.Module):
 def sort(vocab: int = 16, dim: int = 32, heads: int = 2, layers: int = 2, min_len: int = 4,
          max_len: int = 12, train_size: int = 1024, val_size: int = 256, data_seed: int = 7) -> Task:
     """Sort integer sequences of varying length. Metrics: loss, token accuracy."""
+    length = torch.export.Dim("length", min=1, max=max_len)
 
     def loss(model, batch):
         logits = model(batch["x"], batch["mask"])
@@ -73,4 +74,7 @@ def sort(vocab: int = 16, dim: int = 32, heads: int = 2, layers: int = 2, min_le
         collate_fn=collate,
         count_samples=lambda batch: batch["x"].shape[0],
         count_tokens=lambda batch: int(batch["mask"].sum()),
+        inputs=lambda batch: {"x": batch["x"], "mask": batch["mask"]},
+        # exported models take any batch size and any length up to max_len (the positions)
+        dynamic_shapes={"x": {0: "batch", 1: length}, "mask": {0: "batch", 1: length}},
     )

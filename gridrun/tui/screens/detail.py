@@ -15,6 +15,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from gridrun.engine import records as rec
+from gridrun.engine.states import FINISHED
 from gridrun.tui.source import RunDetail, RunRow, Verdict
 from gridrun.tui.widgets import fmt
 from gridrun.tui.widgets.curves import Curves, Series
@@ -49,6 +50,7 @@ class DetailScreen(Screen):
     CSS_PATH = "detail.tcss"
     BINDINGS: ClassVar = [
         Binding("l", "log", "log scale"),
+        Binding("x", "export_model", "export model"),
         Binding("escape,backspace", "app.pop_screen", "back"),
         Binding("question_mark", "app.help", "help", key_display="?"),
         Binding("q", "app.quit", "quit (engine keeps running)"),
@@ -138,6 +140,21 @@ class DetailScreen(Screen):
         self.log_scale = not self.log_scale
         self.redraw()
         self.notify("log scale" if self.log_scale else "linear scale", timeout=2)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "export_model":  # a finished run's best.pt; greyed out before
+            return True if self.run.status in FINISHED else None
+        return True
+
+    def action_export_model(self) -> None:
+        self.notify(f"exporting {self.run.id} and checking parity …", timeout=4)
+        self.export_model()
+
+    @work(thread=True, group="export model", exclusive=True, exit_on_error=False)
+    def export_model(self) -> None:
+        """`gridrun export-model` in a subprocess: the interface never imports torch."""
+        message = self.app.source.export_model(self.run.id)
+        self.app.call_from_thread(self.app.notify, message, timeout=15)
 
 
 class OverlayScreen(Screen):

@@ -1,0 +1,73 @@
+"""`gridrun export-model RUN`: a deployable model, with proof that it computes the same."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
+
+
+class Checkpoint(StrEnum):
+    best = "best"
+    last = "last"
+
+
+class ModelFormat(StrEnum):
+    onnx = "onnx"
+    pt2 = "pt2"
+    torchscript = "torchscript"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("export-model")
+    def export_model(
+        run: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough) or a run folder.")],
+        checkpoint: Annotated[Checkpoint, typer.Option(
+            "--checkpoint", help="best.pt (the best validation metric) or last.pt.")] = Checkpoint.best,
+        fmt: Annotated[ModelFormat, typer.Option(
+            "--format", help="onnx (needs the export extra), pt2 (a torch.export archive) or "
+            "torchscript (torch.jit.trace: control flow is frozen at the example).")] = ModelFormat.onnx,
+        output: Annotated[Path | None, typer.Option(
+            "-o", "--output", dir_okay=False, help="The model file; parity.json and model.json go "
+            "beside it. Default: RUN_DIR/export/CHECKPOINT/model.onnx (.pt2, .ts.pt).")] = None,
+        batches: Annotated[int, typer.Option(
+            "--batches", min=0, help="Validation batches to check, besides one of a batch size "
+            "(and for sort a length) not seen at export.")] = 3,
+        atol: Annotated[float | None, typer.Option(
+            "--atol", min=0, help="Absolute tolerance (default per dtype: 1e-4 for float32).")] = None,
+        rtol: Annotated[float | None, typer.Option(
+            "--rtol", min=0, help="Relative tolerance (default per dtype: 1e-3 for float32).")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print parity.json instead of the table.")] = False,
+        root: RootOption = DEFAULT_ROOT,
+    ) -> None:
+        """Export a run's model and check it computes what PyTorch computes.
+
+        Rebuilds the model through the run's task with its config, loads the checkpoint,
+        exports it with example inputs from the validation data (the batch axis dynamic;
+        for sort also the length), then runs the exported model and PyTorch on validation
+        batches and compares every output and the task's metrics. Writes parity.json and
+        model.json beside the model. Exit 0 when within tolerance, 1 when not (the files
+        are kept, marked), 2 when the run cannot be exported.
+        """
+        from gridrun.engine.deploy import DeployError, export_model, load_run
+        from gridrun.engine.deploy_parity import table
+
+        try:
+            loaded = load_run(run, root)
+            report = export_model(loaded, checkpoint=checkpoint.value, fmt=fmt.value, out=output,
+                                  batches=batches, atol=atol, rtol=rtol,
+                                  log=lambda line: typer.echo(line, err=True))
+        except DeployError as e:
+            fail(str(e))
+        folder = (output.parent if output else loaded.folder / "export" / checkpoint.value)
+        if as_json:
+            typer.echo(json.dumps(report, indent=1, default=str))
+        else:
+            typer.echo(table(report))
+            typer.echo(f"wrote {folder / report['model']}, parity.json, model.json")
+        raise typer.Exit(0 if report["ok"] else 1)
