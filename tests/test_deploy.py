@@ -64,7 +64,7 @@ def invoke(*args: str):
 def test_load_run_gives_the_recorded_metrics_bit_for_bit(root, task):
     run = gridrun.load_run(folder_of(root, task).name[:4], root=root)  # an id prefix
     assert run.spec.task == task and run.config["task"] == task
-    for which, recorded in (("best", run.summary["best"]), ("last", run.summary["final"])):
+    for which, recorded in (("best", run.summary.best), ("last", run.summary.final)):
         got = run.evaluate(which)
         assert got.keys() == recorded.keys()
         assert all(same(got[k], recorded[k]) for k in got), (which, got, recorded)
@@ -184,7 +184,7 @@ def test_load_run_finds_a_run_by_id_through_the_store(root, tmp_path, monkeypatc
         store.enqueue([spec])
     monkeypatch.setenv("GRIDRUN_ROOT", str(root))
     run = gridrun.load_run(spec.id[:3])  # the default root is $GRIDRUN_ROOT
-    assert run.folder == folder_of(root, "spirals") and run.summary["status"] == states.COMPLETED
+    assert run.folder == folder_of(root, "spirals") and run.summary.status == states.COMPLETED
     with pytest.raises(DeployError, match="zz"):
         gridrun.load_run("zz")
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from gridrun.engine import checkpoint, layout, runlog
+from gridrun.engine.records import Summary
 from gridrun.engine.spec import RunSpec, read_run_config
 from gridrun.engine.tasks import Task, resolve
 
@@ -64,7 +65,7 @@ class LoadedRun:
 
     folder: Path
     spec: RunSpec
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: Summary = field(default_factory=Summary)  # records.Summary: .best, .final, .status, ...
 
     @property
     def id(self) -> str:
@@ -102,7 +103,7 @@ class LoadedRun:
             why = ("no evaluation finished with a finite metric" if which == "best"
                    else "it never reached a checkpoint")
             raise DeployError(f"run {self.id} has no {layout.CHECKPOINTS}/{path.name} ({why}; "
-                              f"status {self.summary.get('status', 'unknown')})"
+                              f"status {self.summary.status or 'unknown'})"
                               + ("; --checkpoint last exports the last weights"
                                  if which == "best" and (path.parent / checkpoint.LAST).is_file() else ""))
         return path
@@ -160,7 +161,7 @@ def load_run(path_or_id: str | os.PathLike, root: str | os.PathLike | None = Non
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DeployError(f"{folder}: no readable {layout.CONFIG} ({e})") from None
     return LoadedRun(folder=folder, spec=spec,
-                     summary=runlog.read_summary(folder / layout.SUMMARY) or {})
+                     summary=runlog.read_summary(folder / layout.SUMMARY) or Summary())
 
 
 # ---- export ------------------------------------------------------------------------------
@@ -203,7 +204,7 @@ def export_model(run: LoadedRun, *, checkpoint: str = "best", fmt: str = "onnx",
 
     checked = parity.batches_for(run, loader, sig, batches)
     report = parity.check(model, program, task, sig, checked, fmt=fmt, atol=atol, rtol=rtol)
-    train_s = run.summary.get("wall_time_s")
+    train_s = run.summary.wall_time_s
     report.update(run_id=run.id, format=fmt, checkpoint=checkpoint, model=out.name,
                   export_s=round(export_s, 3), load_s=round(load_s, 3),
                   train_s=round(train_s, 3) if isinstance(train_s, int | float) else None)

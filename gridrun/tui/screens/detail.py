@@ -103,8 +103,9 @@ class DetailScreen(Screen):
         self.query_one("#config", Static).update(
             escape("\n".join(f"{k} = {v!r}" for k, v in sorted(d.config.items()))) or "(no config)")
         # files' text is shown as it is, never read as markup ("[/x]" in a traceback)
+        # fields the run never set (null, []) say nothing: left out
         summary = escape("\n".join(f"{k}: {json.dumps(v)}" for k, v in (d.summary or {}).items()
-                                    if k != "traceback"))
+                                    if k != "traceback" and v not in (None, [], {})))
         trace = (d.summary or {}).get("traceback") or d.error
         if trace:
             summary = f"[b red]error[/]\n{escape(str(trace))}\n\n{summary}"
