@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from gridrun.engine import checkpoint, layout, runlog
+from gridrun.engine.deploy_formats import DeployError
 from gridrun.engine.records import Summary
 from gridrun.engine.spec import RunSpec, read_run_config
 from gridrun.engine.tasks import Task, resolve
@@ -30,10 +31,6 @@ CHECKPOINTS = {"best": checkpoint.BEST, "last": checkpoint.LAST}
 FORMATS = {"onnx": "model.onnx", "pt2": "model.pt2", "torchscript": "model.ts.pt"}
 EXPORT_DIR = "export"  # inside the run folder, unless -o says otherwise
 PARITY, MODEL_JSON = "parity.json", "model.json"
-
-
-class DeployError(Exception):
-    """A run that cannot be loaded or exported as asked; str() is one line (or a short paragraph)."""
 
 
 def find_run(path_or_id: str | os.PathLike, root: str | os.PathLike | None = None) -> Path:

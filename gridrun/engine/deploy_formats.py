@@ -24,8 +24,13 @@ from typing import Any
 
 import torch
 
-from gridrun.engine.deploy import DeployError
 from gridrun.engine.tasks import Task
+
+
+class DeployError(Exception):
+    """A run that cannot be loaded or exported as asked; str() is one line (or a short
+    paragraph). Defined here, the lowest of the deploy modules; deploy re-exports it."""
+
 
 ONNX_MODULES = ("onnx", "onnxscript", "onnxruntime")
 INSTALL_HINT = ("ONNX export needs the export extra: pip install 'gridrun[export]' "
