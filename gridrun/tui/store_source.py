@@ -312,8 +312,10 @@ class StoreSource:
         shown = self._shown.get(experiment)
         if shown is None or shown[0] is not t:
             c = analysis.table_cells(t)
-            shown = self._shown[experiment] = (t, Table(experiment, c.header, c.rows, c.best, note=(
-                "\n".join([analysis.legend(t, "bold:"), *t.attrs["notes"]]))))
+            table = Table(experiment, c.header, c.rows, c.best,
+                          note="\n".join([analysis.legend(t, "bold:"), *t.attrs["notes"]]))
+            same = shown is not None and shown[1] == table  # e.g. a live run's log grew
+            shown = self._shown[experiment] = (t, shown[1] if same else table)
         return shown[1]
 
     def export_csv(self, experiment: str, path: str, *, force: bool = False) -> str:
