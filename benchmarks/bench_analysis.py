@@ -110,15 +110,17 @@ def cli_phase(root: Path, args: list[str], repeat: int) -> dict:
 
     from gridrun.cli import app
 
-    runner, times, out = CliRunner(), [], None
+    runner, times, cpu, out = CliRunner(), [], [], None
     for _ in range(repeat + 1):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = runner.invoke(app, ["compare", *args, "--root", str(root)])
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         if out.exit_code != 0:
             raise SystemExit(f"gridrun compare {args} failed: {out.output}")
     rows = sum(1 for line in out.stdout.splitlines() if line and line[0].isdigit())
-    return {"first_s": times[0], "seconds": statistics.median(times[1:]), "table_lines": rows}
+    return {"first_s": times[0], "seconds": statistics.median(times[1:]),
+            "cpu_s": statistics.median(cpu[1:]), "table_lines": rows}
 
 
 def screen_phase(root: Path, repeat: int) -> dict:
@@ -231,12 +233,12 @@ def whole_command(root: Path, args: list[str], repeat: int) -> float:
 
 
 def compare_report(root: Path, out: Path, repeat: int) -> None:
-    ms = lambda s: f"{s * 1000:,.1f} ms"  # noqa: E731
+    ms = lambda s: f"{s * 1000:,.1f} ms" if s >= 0.01 else f"{s * 1000:.3f} ms"  # noqa: E731
     for label, name, args in (("gridrun compare small (4 runs)", "cli_small", [SMALL]),
                               ("gridrun compare (all)", "cli_all", [])):
         r = run_phase(name, root, out, repeat)
         print(f"{label + ', ' + str(r['table_lines']) + ' table rows':<44} {ms(r['seconds']):>10} "
-              f"in process (median of {repeat}; first call {ms(r['first_s'])}); "
+              f"in process (median of {repeat}, CPU {ms(r['cpu_s'])}; first call {ms(r['first_s'])}); "
               f"whole command {ms(whole_command(root, args, repeat))}")
     r = run_phase("screen", root, out, repeat)
     print(f"{'compare screen refresh, small':<44} first {ms(r['first_s'])}; nothing changed "

@@ -102,6 +102,17 @@ def test_one_experiment_reads_nothing_of_the_others(tmp_path, counted_reads):
     assert str(root / "abl" / live / layout.METRICS) in counted_reads  # live: its log
 
 
+def test_the_store_says_what_changed_in_one_experiment(tmp_path):
+    root = to_store(build_abl(build_grid(tmp_path)))
+    with Store(root) as store:
+        assert store.experiments() == ["abl", "grid"]
+        runs, seq = store.changes_since(0, experiment="grid")
+        assert {r.experiment for r in runs} == {"grid"} and len(runs) == 6
+        store.set_priority([store.list_runs(experiment="abl")[0].id], 1)
+        assert store.changes_since(seq, experiment="grid") == ([], seq)
+        assert len(store.changes_since(seq)[0]) == 1
+
+
 def test_folders_the_store_does_not_know_still_count(tmp_path):
     root = to_store(build_grid(tmp_path))
     stray = make_run(root, "grid", 7, trainer={"lr": 0.1}, axes={"lr": 0.1},
