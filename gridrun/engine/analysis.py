@@ -199,16 +199,16 @@ def _in_order(summary: dict[str, Any], root: Path, run: Run,
     """A store summary with its metrics in the task's order: the store keeps JSON
     keys sorted, so the order (the table's columns) is taken from one ended run's
     summary.json per experiment."""
+    if all(len(summary.get(kind) or ()) < 2 for kind in ("final", "best")):
+        return summary  # nothing to order
     order = orders.get(run.experiment)
-    if order is None:
-        file = runlog.read_summary(run.run_dir(root) / layout.SUMMARY)
-        if file is None:
-            return summary
+    if order is None:  # one try per experiment: without a readable file, the sorted order
+        file = runlog.read_summary(run.run_dir(root) / layout.SUMMARY) or {}
         order = orders[run.experiment] = {k: list(file.get(k) or {}) for k in ("final", "best")}
     out = summary
     for kind in ("final", "best"):
         values, keys = summary.get(kind), order[kind]
-        if isinstance(values, dict) and list(values) != keys:
+        if keys and isinstance(values, dict) and list(values) != keys:
             if out is summary:
                 out = dict(summary)
             if len(values) == len(keys) and all(k in values for k in keys):
@@ -311,8 +311,8 @@ def _runs_frame(root: Path, statuses: Mapping[str, str], queued: Iterable[RunSpe
     entries: list[_Entry] = []
     skipped: list[str] = []
     if runs is not None:
-        store_runs = [r for r in runs if experiment is None or r.experiment == experiment]
-        by_id = {r.id: r for r in store_runs}
+        rows = [r for r in runs if experiment is None or r.experiment == experiment]
+        by_id = {r.id: r for r in rows}
         placed: set[str] = set()
         for exp, names in _experiment_folders(root, experiment):
             for name in names:
@@ -326,7 +326,7 @@ def _runs_frame(root: Path, statuses: Mapping[str, str], queued: Iterable[RunSpe
                     got = _folder_entry(root / exp / name, statuses, {}, skipped)
                 if got is not None:
                     entries.append(got)
-        for run in store_runs:
+        for run in rows:
             if run.id not in placed and (got := _run_entry(root, run, statuses.get(run.id), cache,
                                                            orders)) is not None:
                 entries.append(got)
