@@ -28,37 +28,20 @@ class What(StrEnum):
 START_HINT = "start some with: gridrun run experiments.toml"
 
 
-def _from_store(root: Path) -> tuple[dict[str, str], list[Any], dict[str, Any]]:
-    """States, folderless queued runs and provenance from the store, when there is one.
-
-    Never creates a store: comparing must not write into a root.
-    """
-    from gridrun.engine import layout
-
-    if not (root / layout.DB_NAME).is_file():
-        return {}, [], {}
-    try:
-        from gridrun.engine.store import Store
-
-        with Store(root) as store:
-            runs = store.list_runs()
-    except Exception:
-        return {}, [], {}  # files alone still give a table
-    queued = [r.spec for r in runs if not r.run_dir(root).is_dir()]
-    return ({r.id: r.status for r in runs}, queued,
-            {r.id: r.provenance for r in runs if r.provenance})
-
-
 def _frame(root: Path, experiment: str | None) -> Any:
-    from gridrun.engine.analysis import runs_frame
+    """The runs (of one experiment) from the store, their folders only where needed
+    (see gridrun.engine.analysis); a root without a store from its folders."""
+    from gridrun.engine import analysis
 
-    statuses, queued, provenance = _from_store(root)
-    frame = runs_frame(root, statuses, queued=queued, provenance=provenance)
+    frame = analysis.load_frame(root, experiment)
     if frame.empty:
-        fail(f"no runs under {root} yet; {START_HINT}")
-    if experiment is not None and experiment not in set(frame["experiment"]):
-        known = ", ".join(sorted(set(frame["experiment"])))
-        fail(f"no experiment {experiment!r} under {root}; there are: {known}")
+        known = analysis.experiments(root) if experiment is not None else []
+        if experiment is None or not known:
+            fail(f"no runs under {root} yet; {START_HINT}")
+        if experiment not in known:
+            fail(f"no experiment {experiment!r} under {root}; there are: {', '.join(known)}")
+        _notes(analysis.notes(frame))
+        fail(f"no readable runs of {experiment!r} under {root}")
     return frame
 
 

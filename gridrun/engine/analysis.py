@@ -1,28 +1,42 @@
-"""Run folders -> pandas: one row per run, ablation tables over seeds (exports: export.py).
+"""Runs -> pandas: one row per run, ablation tables over seeds (exports: export.py).
 
-Reads only files (config.toml, summary.json, metrics.jsonl); the store's view
-of each run's state can be passed in. Metric directions are the task's own
-("metrics": {name: "lower" | "higher"} in summary.json, or in a live run's
-start line); where no run declares one, `records.direction` guesses. Live
-runs go through `progress.fold`, as in the interface.
+A run's row comes from the store when the root has one: its config, and once
+it has ended its summary, are columns of the store's row, so an ended run
+costs no file; only a run still going (queued, running, interrupted), or one
+the store has no summary of, is read from its folder (summary.json, then what
+its metrics log says so far). A root without a store, and a run folder the
+store does not know, are read from the files: config.toml, summary.json,
+metrics.jsonl. A frame can be of one experiment: nothing of the others is
+read. `ExperimentFrame` keeps one experiment's frame between refreshes and
+reads again only the runs that changed (the compare screen's).
+
+Metric directions are the task's own ("metrics": {name: "lower" | "higher"} in
+summary.json, or in a live run's start line); where no run declares one,
+`records.direction` guesses. Live runs go through `progress.fold`, as in the
+interface.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import gc
 import json
 import math
 import os
-import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from gridrun.engine import layout, progress, records, runlog, states
 from gridrun.engine.spec import RunSpec, read_run_config
+
+if TYPE_CHECKING:
+    from gridrun.engine.store import Run, Store
 
 BASE = ["id", "experiment", "variant", "ablation", "seed", "task", "status"]
 RUN_FIELDS = ["step", "total_steps", "best_step", "started_at", "ended_at", "wall_time_s",
@@ -38,13 +52,7 @@ class AnalysisError(ValueError):
 
 # --------------------------------------------------------------------------- runs_frame
 
-def _read_config(path: Path) -> RunSpec | None:
-    """A run folder's config.toml, or None when it is not one gridrun wrote:
-    unreadable, not TOML, nested too deep, or a field of the wrong type."""
-    try:
-        spec = read_run_config(path)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        return None
+def _checked(spec: RunSpec) -> RunSpec | None:
     names = (spec.id, spec.experiment, spec.variant, spec.task, spec.ablation)
     if not all(isinstance(n, str) for n in names) or not all(
             isinstance(k, str) for k in (*spec.trainer, *spec.task_args)):
@@ -52,8 +60,45 @@ def _read_config(path: Path) -> RunSpec | None:
     return spec
 
 
+def _read_config(path: Path) -> RunSpec | None:
+    """A run folder's config.toml, or None when it is not one gridrun wrote:
+    unreadable, not TOML, nested too deep, or a field of the wrong type."""
+    try:
+        spec = read_run_config(path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None
+    return _checked(spec)
+
+
+def _store_spec(run: Run) -> RunSpec | None:
+    """A store row's config as a RunSpec, or None when it is not one (any JSON may
+    have been stored; its keys are strings)."""
+    try:
+        spec = run.spec
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    names = (spec.id, spec.experiment, spec.variant, spec.task, spec.ablation)
+    return spec if all(isinstance(n, str) for n in names) else None
+
+
 def _hashable(value: Any) -> Any:
-    return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
+    if type(value) is not list:
+        return value
+    return tuple(_hashable(v) if type(v) is list else v for v in value)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Thousands of small dicts and rows hold no reference cycles, yet creating them
+    sets off the cyclic garbage collector over and over (an eighth of the time of a
+    10,000-run frame): it waits until they are built."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _live(path: Path, spec: RunSpec, notes: list[str]) -> dict[str, Any]:
@@ -69,76 +114,229 @@ def _live(path: Path, spec: RunSpec, notes: list[str]) -> dict[str, Any]:
             "best": dict(p.best_values), "best_step": p.best_step, "metrics": dict(p.metrics)}
 
 
-def _row(spec: RunSpec, folder: Path | None, status: str | None,
-         provenance: Mapping[str, Any] | None, directions: dict[str, str],
-         notes: list[str]) -> dict[str, Any]:
-    row: dict[str, Any] = {"id": spec.id, "experiment": spec.experiment, "variant": spec.variant,
-                           "ablation": spec.ablation, "seed": spec.seed, "task": spec.task}
-    for key, value in spec.config.items():
-        row.setdefault(key, _hashable(value))
-    summary = runlog.read_summary(folder / layout.SUMMARY) if folder else None
+@dataclass
+class _Entry:
+    """One run's row of the frame, and what reading it found out."""
+
+    row: dict[str, Any]
+    config_keys: list[str]
+    directions: dict[str, str] = field(default_factory=dict)  # declared by its summary
+    notes: list[str] = field(default_factory=list)
+
+
+def _entry(spec: RunSpec, folder: Path | None, status: str | None,
+           provenance: Mapping[str, Any] | None, summary: Mapping[str, Any] | None = None) -> _Entry:
+    """A run's row; `summary` (the store's) spares reading the folder's summary.json,
+    which is read otherwise, and without one, what the metrics log says so far."""
+    config = spec.config
+    lists = [k for k, v in config.items() if type(v) is list]  # e.g. betas: tuples, to group by
+    if lists:
+        config = {**config, **{k: _hashable(config[k]) for k in lists}}
+    # the frame orders its columns itself: only the names of a run's own keys win
+    row: dict[str, Any] = {**config, "id": spec.id, "experiment": spec.experiment,
+                           "variant": spec.variant, "ablation": spec.ablation, "seed": spec.seed,
+                           "task": spec.task}
+    entry = _Entry(row, list(config))
+    if summary is None and folder is not None:
+        read = runlog.read_summary(folder / layout.SUMMARY)
+        summary = read.to_json() if read is not None else None
     metrics_path = folder / layout.METRICS if folder else None
     if summary is not None:
-        data, file_status = summary.to_json(), summary.status
+        data, file_status = summary, summary.get("status")
     elif metrics_path is not None and metrics_path.exists():
-        data, file_status = _live(metrics_path, spec, notes), states.RUNNING
+        data, file_status = _live(metrics_path, spec, entry.notes), states.RUNNING
     else:
         data, file_status = {}, states.QUEUED
-    for name, direction in (data.get("metrics") or {}).items():  # as the task declares them
-        directions.setdefault(name, direction)
+    entry.directions = dict(data.get("metrics") or {})  # as the task declares them
     row["status"] = status or file_status or states.QUEUED
-    for key in RUN_FIELDS:
-        row[key] = data.get(key)
+    row.update(zip(RUN_FIELDS, map(data.get, RUN_FIELDS), strict=True))
     for kind in ("final", "best"):
         for name, value in (data.get(kind) or {}).items():
             row[f"{kind}_{name}"] = value
-    for source in (summary and summary.provenance, provenance):
-        for key, value in (source if isinstance(source, Mapping) else {}).items():
-            if key.startswith("git"):
-                row[key] = value
-            elif source is provenance and not isinstance(value, Mapping | list):
-                row[f"git_{key}"] = value  # the store's {"commit", "dirty", ...}
-    return row
+    for source in (summary, (summary or {}).get("provenance"), provenance):
+        if isinstance(source, dict | Mapping):  # dict first: the common case, without the ABC
+            for key, value in source.items():
+                if key.startswith("git"):
+                    row[key] = value
+                elif source is provenance and not isinstance(value, dict | list | Mapping):
+                    row[f"git_{key}"] = value  # the store's {"commit", "dirty", ...}
+    return entry
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """(size, mtime) of a file, to see that it changed without reading it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
+def _in_order(summary: dict[str, Any], root: Path, run: Run,
+              orders: dict[str, dict[str, list[str]]]) -> dict[str, Any]:
+    """A store summary with its metrics in the task's order: the store keeps JSON
+    keys sorted, so the order (the table's columns) is taken from one ended run's
+    summary.json per experiment."""
+    if all(len(summary.get(kind) or ()) < 2 for kind in ("final", "best")):
+        return summary  # nothing to order
+    order = orders.get(run.experiment)
+    if order is None:  # one try per experiment: without a readable file, the sorted order
+        read = runlog.read_summary(run.run_dir(root) / layout.SUMMARY)
+        file = read.to_json() if read is not None else {}
+        order = orders[run.experiment] = {k: list(file.get(k) or {}) for k in ("final", "best")}
+    out = summary
+    for kind in ("final", "best"):
+        values, keys = summary.get(kind), order[kind]
+        if keys and isinstance(values, dict) and list(values) != keys:
+            if out is summary:
+                out = dict(summary)
+            if len(values) == len(keys) and all(k in values for k in keys):
+                out[kind] = {k: values[k] for k in keys}
+            else:
+                known = [k for k in keys if k in values]
+                out[kind] = {k: values[k] for k in [*known, *(k for k in values if k not in known)]}
+    return out
+
+
+def _run_entry(root: Path, run: Run, status: str | None, cache: dict[str, tuple[Any, _Entry]] | None,
+               orders: dict[str, dict[str, list[str]]]) -> _Entry | None:
+    """A store row's entry: its config and, once it has ended, its summary from the
+    row; the folder only for a run still going or one without a summary. With a
+    `cache`, an entry is reused while the row's seq (and a running run's metrics
+    log) are unchanged."""
+    status = status or run.status
+    stamp = None
+    if status == states.RUNNING:
+        stamp = _stamp(layout.run_dir(root, run.experiment, run.id) / layout.METRICS)
+    key = (run.seq, status, stamp)
+    if cache is not None and (hit := cache.get(run.id)) is not None and hit[0] == key:
+        return hit[1]
+    spec = _store_spec(run)
+    if spec is None:
+        return None
+    stored = None if status in PENDING else records.Summary.from_json(run.summary)
+    summary = stored.to_json() if stored is not None else None
+    if summary is None:
+        entry = _entry(spec, run.run_dir(root), status, run.provenance)
+    else:
+        entry = _entry(spec, None, status, run.provenance, _in_order(summary, root, run, orders))
+    if cache is not None:
+        cache[run.id] = (key, entry)
+    return entry
+
+
+def _experiment_folders(root: Path, experiment: str | None) -> Iterator[tuple[str, list[str]]]:
+    """(experiment, its entries' names, sorted) for each folder of the root, or only
+    `experiment`'s."""
+    if not root.is_dir():
+        return
+    if experiment is None:
+        names = sorted(p.name for p in root.iterdir() if p.is_dir())
+    elif experiment and "/" not in experiment and experiment not in (".", "..") \
+            and (root / experiment).is_dir():
+        names = [experiment]
+    else:
+        names = []
+    for name in names:
+        with contextlib.suppress(OSError):
+            yield name, sorted(os.listdir(root / name))
+
+
+def _folder_entry(folder: Path, statuses: Mapping[str, str], provenance: Mapping[str, Any],
+                  skipped: list[str]) -> _Entry | None:
+    """A run read from its folder alone; None when it is not a run folder (no
+    config.toml) or its config.toml cannot be read (then listed in `skipped`)."""
+    config = folder / layout.CONFIG
+    if not config.is_file():
+        return None
+    spec = _read_config(config)
+    if spec is None:
+        skipped.append(str(folder))
+        return None
+    return _entry(spec, folder, statuses.get(spec.id), provenance.get(spec.id))
 
 
 def runs_frame(root: str | os.PathLike, statuses: Mapping[str, str] | None = None, *,
                queued: Iterable[RunSpec] = (),
-               provenance: Mapping[str, Mapping[str, Any]] | None = None) -> pd.DataFrame:
-    """One row per run folder ROOT/<experiment>/<run_id>/ holding a config.toml.
+               provenance: Mapping[str, Mapping[str, Any]] | None = None,
+               runs: Iterable[Run] | None = None, experiment: str | None = None,
+               cache: dict[str, tuple[Any, _Entry]] | None = None,
+               orders: dict[str, dict[str, list[str]]] | None = None) -> pd.DataFrame:
+    """One row per run: the store's `runs` (see the module doc), or without them
+    each run folder ROOT/<experiment>/<run_id>/ holding a config.toml.
 
-    `statuses` ({run_id: state}, e.g. from the store) overrides what the files
-    say; `queued` adds runs the store knows that have no folder yet;
+    A run folder the store's rows do not hold (a run trained in the foreground,
+    a folder copied in) is read from its files and comes in folder order with
+    the others; store rows without a folder come after them, in queue order.
+    `experiment` reads only that experiment's folder and rows.
+    `statuses` ({run_id: state}) overrides what the rows or files say; without
+    `runs`, `queued` adds runs the store knows that have no folder yet and
     `provenance` ({run_id: {"git_commit": ..., ...}}) adds provenance columns.
+    `cache` and `orders` keep entries and each experiment's metric order between
+    calls (see `ExperimentFrame`).
     Folders whose config.toml cannot be read are skipped and listed in
     `frame.attrs["skipped"]`; "notes" says what else was left out (metrics
     lines that are not records). `frame.attrs` also holds "directions"
     ({metric: "lower"|"higher"}), "metrics" and "config_columns".
     """
-    root = Path(root)
-    statuses, provenance = statuses or {}, provenance or {}
+    with _collector_paused():
+        return _runs_frame(Path(root), statuses or {}, queued, provenance or {}, runs, experiment,
+                           cache, {} if orders is None else orders)
+
+
+def _runs_frame(root: Path, statuses: Mapping[str, str], queued: Iterable[RunSpec],
+                provenance: Mapping[str, Mapping[str, Any]], runs: Iterable[Run] | None,
+                experiment: str | None, cache: dict[str, tuple[Any, _Entry]] | None,
+                orders: dict[str, dict[str, list[str]]]) -> pd.DataFrame:
+    entries: list[_Entry] = []
+    skipped: list[str] = []
+    if runs is not None:
+        rows = [r for r in runs if experiment is None or r.experiment == experiment]
+        by_id = {r.id: r for r in rows}
+        placed: set[str] = set()
+        for exp, names in _experiment_folders(root, experiment):
+            for name in names:
+                run = by_id.get(name)
+                got = None
+                if run is not None and run.experiment == exp:
+                    got = _run_entry(root, run, statuses.get(name), cache, orders)
+                if got is not None:
+                    placed.add(name)
+                else:
+                    got = _folder_entry(root / exp / name, statuses, {}, skipped)
+                if got is not None:
+                    entries.append(got)
+        for run in rows:
+            if run.id not in placed and (got := _run_entry(root, run, statuses.get(run.id), cache,
+                                                           orders)) is not None:
+                entries.append(got)
+        if cache is not None:
+            for stale in set(cache) - set(by_id):
+                del cache[stale]
+    else:
+        seen = set()
+        for exp, names in _experiment_folders(root, experiment):
+            for name in names:
+                got = _folder_entry(root / exp / name, statuses, provenance, skipped)
+                if got is not None:
+                    seen.add(got.row["id"])
+                    entries.append(got)
+        for spec in queued:
+            if spec.id not in seen and (experiment is None or spec.experiment == experiment):
+                entries.append(_entry(spec, None, statuses.get(spec.id), provenance.get(spec.id)))
+    return _frame(entries, skipped)
+
+
+def _frame(entries: list[_Entry], skipped: list[str]) -> pd.DataFrame:
     directions: dict[str, str] = {}
-    rows, skipped, seen, notes = [], [], set(), []
+    notes: list[str] = []
     config_columns: dict[str, None] = {}
-    experiments = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-    for exp_dir in experiments:
-        for folder in sorted(exp_dir.iterdir()):
-            config = folder / layout.CONFIG
-            if not config.is_file():
-                continue
-            spec = _read_config(config)
-            if spec is None:
-                skipped.append(str(folder))
-                continue
-            seen.add(spec.id)
-            config_columns.update(dict.fromkeys(spec.config))
-            rows.append(_row(spec, folder, statuses.get(spec.id), provenance.get(spec.id), directions,
-                             notes))
-    for spec in queued:
-        if spec.id not in seen:
-            config_columns.update(dict.fromkeys(spec.config))
-            rows.append(_row(spec, None, statuses.get(spec.id), provenance.get(spec.id), directions,
-                             notes))
-    frame = pd.DataFrame(rows)
+    for e in entries:
+        config_columns.update(dict.fromkeys(e.config_keys))
+        for name, direction in e.directions.items():
+            directions.setdefault(name, direction)
+        notes.extend(e.notes)
+    frame = pd.DataFrame([e.row for e in entries])
     if frame.empty:
         frame = pd.DataFrame(columns=BASE)
     metrics: dict[str, None] = {}
@@ -157,18 +355,118 @@ def runs_frame(root: str | os.PathLike, statuses: Mapping[str, str] | None = Non
     return frame
 
 
+def store_runs(root: str | os.PathLike, experiment: str | None = None) -> list[Run] | None:
+    """The store's runs (of one experiment), or None when the root has no store or
+    it cannot be read: the folders alone then tell. Never creates a store:
+    reading must not write into a root."""
+    if not (Path(root) / layout.DB_NAME).is_file():
+        return None
+    try:
+        from gridrun.engine.store import Store
+
+        with Store(root) as store, _collector_paused():
+            return store.list_runs(experiment=experiment)
+    except Exception:
+        return None  # files alone still give a table
+
+
+def load_frame(root: str | os.PathLike, experiment: str | None = None) -> pd.DataFrame:
+    """`runs_frame` of a root as it is: from its store when it has one, else its folders."""
+    return runs_frame(root, runs=store_runs(root, experiment), experiment=experiment)
+
+
+def experiments(root: str | os.PathLike) -> list[str]:
+    """The experiments a root has runs of (in its store, or a folder with a run folder)."""
+    root = Path(root)
+    names: set[str] = set()
+    if (root / layout.DB_NAME).is_file():
+        with contextlib.suppress(Exception):
+            from gridrun.engine.store import Store
+
+            with Store(root) as store:
+                names.update(store.experiments())
+    for exp, entries in _experiment_folders(root, None):
+        if exp not in names and any((root / exp / e / layout.CONFIG).is_file() for e in entries):
+            names.add(exp)
+    return sorted(names)
+
+
+class ExperimentFrame:
+    """One experiment's frame kept between refreshes: a run is read again only when
+    its store row changed (the store's seq) or, while it runs, its metrics log
+    grew; with nothing changed, a refresh is one indexed query and a stat of the
+    experiment's folder and of each running run's log."""
+
+    def __init__(self, root: str | os.PathLike, experiment: str) -> None:
+        self.root, self.experiment = Path(root), experiment
+        self.frame: pd.DataFrame | None = None
+        self.table: pd.DataFrame | None = None  # a caller's table of `frame`, kept with it
+        self._seq = 0
+        self._runs: list[Run] = []
+        self._cache: dict[str, tuple[Any, _Entry]] = {}
+        self._orders: dict[str, dict[str, list[str]]] = {}
+        self._folder: tuple[int, int] | None = None
+        self._live: dict[str, tuple[int, int] | None] = {}
+
+    def refresh(self, store: Store) -> bool:
+        """Bring `frame` up to date with the store and the folders; True when it changed."""
+        folder = _stamp(self.root / self.experiment)
+        if self.frame is None:
+            self._runs = store.list_runs(experiment=self.experiment)
+            self._seq = max((r.seq for r in self._runs), default=0)
+        else:
+            changed, self._seq = store.changes_since(self._seq, experiment=self.experiment)
+            live = {i: _stamp(self._log(i)) for i in self._live}
+            if not changed and folder == self._folder and live == self._live:
+                return False
+            if changed:
+                self._runs = store.list_runs(experiment=self.experiment)
+                self._seq = max([self._seq, *(r.seq for r in self._runs)])
+        self._folder, self.table = folder, None
+        self.frame = runs_frame(self.root, runs=self._runs, experiment=self.experiment,
+                                cache=self._cache, orders=self._orders)
+        self._live = {i: key[2] for i, (key, _) in self._cache.items() if key[1] == states.RUNNING}
+        return True
+
+    def _log(self, run_id: str) -> Path:
+        return layout.run_dir(self.root, self.experiment, run_id) / layout.METRICS
+
+
 # --------------------------------------------------------------------------- ablation_table
 
-def _summary_stats(values: np.ndarray) -> dict[str, float]:
-    from scipy import stats
+# scipy.special's Student t functions are what scipy.stats.t calls (ppf = stdtrit,
+# sf(x) = stdtr(-x)); scipy.stats itself costs half a second to import, which
+# `gridrun compare` would pay on every call.
 
+@functools.lru_cache(maxsize=1024)
+def _t975(dof: int) -> float:
+    from scipy import special
+
+    return float(special.stdtrit(dof, 0.975))
+
+
+def _summary_stats(values: np.ndarray) -> dict[str, float]:
     n = len(values)
     mean = float(values.mean()) if n else math.nan
     std = float(values.std(ddof=1)) if n >= 2 else math.nan
-    ci = float(stats.t.ppf(0.975, n - 1) * std / math.sqrt(n)) if n >= 2 else math.nan
+    ci = float(_t975(n - 1) * std / math.sqrt(n)) if n >= 2 else math.nan
     return {"mean": mean, "std": std, "ci95": ci,
             "min": float(values.min()) if n else math.nan,
             "max": float(values.max()) if n else math.nan}
+
+
+def welch_p(x: np.ndarray, y: np.ndarray) -> float:
+    """Two-sided p-value of Welch's t-test, computed as
+    `scipy.stats.ttest_ind(x, y, equal_var=False)` does (an undefined
+    Welch-Satterthwaite dof counts as 1); nan when x and y agree exactly."""
+    from scipy import special
+
+    n1, n2 = len(x), len(y)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v1, v2 = np.var(x, ddof=1) / n1, np.var(y, ddof=1) / n2
+        dof = (v1 + v2) ** 2 / (v1**2 / (n1 - 1) + v2**2 / (n2 - 1))
+        t = (np.mean(x) - np.mean(y)) / np.sqrt(v1 + v2)
+    return float(2 * special.stdtr(1.0 if np.isnan(dof) else dof, -np.abs(t)))
 
 
 def _grouping(sub: pd.DataFrame, config_cols: list[str], by: list[str] | None) -> list[str]:
@@ -182,15 +480,33 @@ def _grouping(sub: pd.DataFrame, config_cols: list[str], by: list[str] | None) -
     return varying(sub)
 
 
+def _cells_of(sub: pd.DataFrame, keys: list[str]) -> list[tuple[tuple[Any, ...], np.ndarray]]:
+    """(values of `keys`, row positions) of each cell, in the order the cells first
+    appear (`groupby(keys, sort=False, dropna=False)`'s)."""
+    if not keys:
+        return [((), np.arange(len(sub)))]
+    codes = sub.groupby(keys, sort=False, dropna=False).ngroup().to_numpy()
+    order = np.argsort(codes, kind="stable")
+    starts = np.flatnonzero(np.diff(codes[order], prepend=-1))
+    columns = [sub[k].to_numpy(dtype=object) for k in keys]
+    return [(tuple(c[pos[0]] for c in columns), pos) for pos in np.split(order, starts[1:])]
+
+
 def ablation_table(frame: pd.DataFrame, experiment: str | None = None,
                    by: Iterable[str] | None = None, metric: str | None = None,
                    final: bool = False) -> pd.DataFrame:
     """Mean, std, n, 95% CI, min and max over seeds per cell; see the module doc."""
-    from scipy import stats
+    with _collector_paused():
+        return _ablation_table(frame, experiment, by, metric, final)
 
+
+def _ablation_table(frame: pd.DataFrame, experiment: str | None, by: Iterable[str] | None,
+                    metric: str | None, final: bool) -> pd.DataFrame:
     directions = dict(frame.attrs.get("directions", {}))
     all_metrics = list(frame.attrs.get("metrics", []))
     config_cols = list(frame.attrs.get("config_columns", []))
+    frame = frame.copy(deep=False)
+    frame.attrs = {}  # pandas deep-copies attrs into every selection: thousands here
     kind = "final" if final else "best"
     if frame.empty:
         raise AnalysisError("no runs yet")
@@ -217,20 +533,26 @@ def ablation_table(frame: pd.DataFrame, experiment: str | None = None,
         sub = frame[frame["experiment"] == exp]
         keys = _grouping(sub, config_cols, by)
         all_keys.update(dict.fromkeys(keys))
-        groups = list(sub.groupby(keys, sort=False, dropna=False)) if keys else [((), sub)]
+        # whole columns as arrays, each cell a set of row positions: per-cell pandas
+        # objects cost about a millisecond a cell
+        status = sub["status"].to_numpy(dtype=object)
+        completed, pending_all = status == states.COMPLETED, np.isin(status, PENDING)
+        numbers = {m: pd.to_numeric(sub[f"{kind}_{m}"], errors="coerce").to_numpy(float)
+                   for m in metrics}
         cells = []
-        for values, g in groups:
-            values = values if isinstance(values, tuple) else (values,)
-            done = g[g["status"] == states.COMPLETED]
-            pending = int(g["status"].isin(PENDING).sum())
+        for values, pos in _cells_of(sub, keys):
+            done = completed[pos]
+            pending = int(pending_all[pos].sum())
             row: dict[str, Any] = {"experiment": exp, **dict(zip(keys, values, strict=True))}
-            k, failed = len(done), len(g) - len(done) - pending
+            k = int(done.sum())
+            failed = len(pos) - k - pending
             seeds = (f"{k}/{k + pending}" if pending else str(k)) + (
                 f" ({failed} failed)" if failed else "")
-            row.update(seeds=seeds, n=k, runs=len(g), pending=pending, failed=failed)
+            row.update(seeds=seeds, n=k, runs=len(pos), pending=pending, failed=failed)
             samples = {}
             for m in metrics:
-                vals = pd.to_numeric(done[f"{kind}_{m}"], errors="coerce").dropna().to_numpy(float)
+                vals = numbers[m][pos][done]
+                vals = vals[~np.isnan(vals)]
                 samples[m] = vals
                 row.update({f"{m}_{s}": v for s, v in _summary_stats(vals).items()})
             cells.append((row, samples))
@@ -248,11 +570,7 @@ def ablation_table(frame: pd.DataFrame, experiment: str | None = None,
                         rel = delta / abs(bmean) if bmean else math.nan
                         x, y = samples[m], b[1][m]
                         if len(x) >= 2 and len(y) >= 2:
-                            with warnings.catch_warnings():
-                                # seeds that agree exactly have no p-value (nan), and
-                                # scipy's precision-loss warning says nothing more
-                                warnings.simplefilter("ignore", RuntimeWarning)
-                                p = float(stats.ttest_ind(x, y, equal_var=False).pvalue)
+                            p = welch_p(x, y)  # seeds that agree exactly: nan, no warning
                     row.update({f"{m}_delta": delta, f"{m}_delta_rel": rel, f"{m}_p": p})
         elif keys:
             with contextlib.suppress(TypeError):  # mixed types: keep the folders' order
@@ -292,10 +610,23 @@ def _num(value: float, decimals: int) -> str:
     return f"{value:.{decimals}f}"
 
 
-def _cells(table: pd.DataFrame, bold: tuple[str, str], pm: str,
-           esc: Any = lambda text: text) -> tuple[list[str], list[list[str]]]:
-    """Header and text cells shared by the terminal, Markdown and LaTeX tables;
-    `esc` escapes the plain text, then `bold` and `pm` go in as they are."""
+@dataclass(frozen=True)
+class Cells:
+    """An ablation table as text cells: what `gridrun compare` prints and the
+    interface's compare screen shows. `best` holds the (row, column) of each
+    metric's best mean, for the caller to mark its own way."""
+
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    best: frozenset[tuple[int, int]]
+
+
+def table_cells(table: pd.DataFrame, pm: str = " ± ", esc: Any = lambda text: text) -> Cells:
+    """The one formatter of an ablation table's cells: the grouping keys, seeds
+    ("k/n" while some run, "(f failed)"), then per metric (with its direction's
+    arrow) mean ± std to two significant digits of the std, and for ablations
+    Δ vs the baseline (relative in brackets) and Welch's p. `esc` escapes the
+    plain text; `pm` goes in as it is."""
     metrics = table.attrs.get("metrics") or sorted(
         {c[:-5] for c in table.columns if c.endswith("_mean")})
     keys = table.attrs.get("keys") or []
@@ -308,30 +639,42 @@ def _cells(table: pd.DataFrame, bold: tuple[str, str], pm: str,
         header.append(f"{esc(m)} {arrow}")
         if deltas and f"{m}_delta" in table:
             header += [f"Δ {esc(m)}", "p"]
-    rows = []
-    for _, r in table.iterrows():
+    rows, best = [], set()
+    for i, r in enumerate(table.to_dict("records")):
         cells = [*([esc(str(r["experiment"]))] if show_exp else []),
                  *("" if _missing(r[k]) else esc(str(r[k])) for k in keys), str(r["seeds"])]
         for m in metrics:
             mean, std = r[f"{m}_mean"], r[f"{m}_std"]
             d = _decimals(mean, std)
-            text = ("–" if math.isnan(mean) else _num(mean, d) if math.isnan(std)
-                    else f"{_num(mean, d)}{pm}{_num(std, d)}")
-            cells.append(f"{bold[0]}{text}{bold[1]}" if r[f"{m}_best"] else text)
+            if r[f"{m}_best"]:
+                best.add((i, len(cells)))
+            cells.append("–" if math.isnan(mean) else _num(mean, d) if math.isnan(std)
+                         else f"{_num(mean, d)}{pm}{_num(std, d)}")
             if deltas and f"{m}_delta" in table:
                 delta, rel, p = r[f"{m}_delta"], r[f"{m}_delta_rel"], r[f"{m}_p"]
                 cells.append("" if _missing(delta) else esc(
                     f"{delta:+.{d}f}" + ("" if _missing(rel) else f" ({rel:+.1%})")))
                 cells.append("" if _missing(p) else f"{p:.2g}" if p >= 0.001 else esc("<0.001"))
-        rows.append(cells)
-    return header, rows
+        rows.append(tuple(cells))
+    return Cells(tuple(header), tuple(rows), frozenset(best))
+
+
+def _cells(table: pd.DataFrame, bold: tuple[str, str], pm: str,
+           esc: Any = lambda text: text) -> tuple[list[str], list[list[str]]]:
+    """Header and text cells of the terminal, Markdown and LaTeX tables, the best
+    ones between `bold`'s two marks."""
+    c = table_cells(table, pm, esc)
+    rows = [[f"{bold[0]}{text}{bold[1]}" if (i, j) in c.best else text for j, text in enumerate(row)]
+            for i, row in enumerate(c.rows)]
+    return list(c.header), rows
 
 
 def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def _legend(table: pd.DataFrame, mark: str) -> str:
+def legend(table: pd.DataFrame, mark: str) -> str:
+    """What the numbers of a formatted table are, one line; `mark` names the best cells' mark."""
     value = "final" if table.attrs.get("value") == "final" else "best validation"
     text = f"mean ± std over finished seeds of the {value} value; {mark} best per metric"
     if "ablation" in table.attrs.get("keys", []):
@@ -367,12 +710,12 @@ def format_table(table: pd.DataFrame, fmt: str = "table") -> str:
         widths = [max(len(x) for x in col) for col in zip(header, *rows, strict=True)]
         line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
         out = [line(header), "  ".join("─" * w for w in widths), *map(line, rows)]
-        return "\n".join([*out, _legend(table, "*")]) + "\n"
+        return "\n".join([*out, legend(table, "*")]) + "\n"
     if fmt == "markdown":
         header, rows = _cells(table, ("**", "**"), " ± ")
         out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
         out += ["| " + " | ".join(r) + " |" for r in rows]
-        return "\n".join([*out, "", _legend(table, "bold:")]) + "\n"
+        return "\n".join([*out, "", legend(table, "bold:")]) + "\n"
     if fmt == "latex":
         header, rows = _cells(table, ("\\textbf{", "}"), " $\\pm$ ", _latex_escape)
         symbols = {"↓": r"$\downarrow$", "↑": r"$\uparrow$", "Δ": r"$\Delta$"}
@@ -394,14 +737,20 @@ def notes(frame: pd.DataFrame) -> list[str]:
 
 def comparison_text(root: str | os.PathLike, experiments: Iterable[str] | None = None,
                     statuses: Mapping[str, str] | None = None) -> str:
-    """The table `gridrun run` prints when its runs are done, and how to export it."""
-    frame = runs_frame(root, statuses)
-    if frame.empty:
+    """The table `gridrun run` prints when its runs are done, and how to export it:
+    each experiment's runs from the store (its folders without one); `statuses`
+    override what the store says."""
+    names = list(experiments or ()) or None
+    frames = [runs_frame(root, statuses, runs=store_runs(root, exp), experiment=exp)
+              for exp in (names or [None])]
+    parts, notes_ = [], []
+    for frame in frames:
+        for exp in dict.fromkeys(frame["experiment"]) if not frame.empty else ():
+            if names is None or exp in names:
+                parts.append(f"{exp}\n" + format_table(ablation_table(frame, exp)))
+        notes_.extend(notes(frame))
+    if all(frame.empty for frame in frames):
         return ""
-    parts = []
-    for exp in experiments or dict.fromkeys(frame["experiment"]):
-        if exp in set(frame["experiment"]):
-            parts.append(f"{exp}\n" + format_table(ablation_table(frame, exp)))
-    parts.extend(f"note: {n}" for n in notes(frame))
+    parts.extend(f"note: {n}" for n in dict.fromkeys(notes_))
     parts.append(f"export: gridrun export --what ablation -o results.csv --root {root}")
     return "\n".join(parts) + "\n"

@@ -332,15 +332,24 @@ class Store:
                               "give more characters")
         return prefix if prefix in found else found[0]
 
-    def changes_since(self, seq: int = 0) -> tuple[list[Run], int]:
-        """Runs written after `seq`, and the seq to pass next time. The first read
-        (seq 0) comes in queue order: priority, then first in, then file order."""
+    def changes_since(self, seq: int = 0, *, experiment: str | None = None) -> tuple[list[Run], int]:
+        """Runs (of one experiment, if given) written after `seq`, and the seq to
+        pass next time. The first read (seq 0) comes in queue order: priority,
+        then first in, then file order."""
         order = "seq" if seq else "priority DESC, queued_at, rowid"
+        where, args = ("seq > ? AND experiment = ?", (seq, experiment)) if experiment is not None \
+            else ("seq > ?", (seq,))
         with self._lock:
-            rows = self._db.execute(f"SELECT * FROM runs WHERE seq > ? ORDER BY {order}",
-                                    (seq,)).fetchall()
+            rows = self._db.execute(f"SELECT * FROM runs WHERE {where} ORDER BY {order}",
+                                    args).fetchall()
         runs = [_run(r) for r in rows]
         return runs, max([seq, *(r.seq for r in runs)])
+
+    def experiments(self) -> list[str]:
+        """The experiments the store has runs of, sorted."""
+        with self._lock:
+            return [r[0] for r in self._db.execute(
+                "SELECT DISTINCT experiment FROM runs ORDER BY experiment").fetchall()]
 
     def has_runs(self) -> bool:
         with self._lock:

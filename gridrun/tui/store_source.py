@@ -12,6 +12,7 @@ import json
 import math
 import subprocess
 import sys
+import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
@@ -89,6 +90,9 @@ class StoreSource:
         self._engine: EngineState | None = None
         self._first = True  # the first poll warns of an empty store beside run folders
         self._skipped: dict[str, int] = {}  # run id -> metrics lines that were not records
+        self._compare_lock = threading.Lock()  # the compare and export workers share the frames
+        self._frames: dict[str, Any] = {}  # experiment -> analysis.ExperimentFrame (pandas: lazily)
+        self._shown: dict[str, tuple[Any, Table]] = {}  # experiment -> (its table, as shown)
 
     # ---- polling ------------------------------------------------------------------
 
@@ -302,42 +306,34 @@ class StoreSource:
     # ---- analysis -------------------------------------------------------------------------
 
     def _table(self, experiment: str):
+        """The experiment's ablation table: the same object while nothing changed;
+        only runs whose store row or running log changed are read again."""
         from gridrun.engine import analysis
 
-        runs = self.store.list_runs(experiment=experiment)
-        frame = analysis.runs_frame(self.root, {r.id: r.status for r in runs},
-                                    queued=[r.spec for r in runs if r.status == "queued"])
-        table = analysis.ablation_table(frame, experiment)
-        table.attrs["notes"] = analysis.notes(frame)  # what the readers left out
-        return table
+        with self._compare_lock:
+            frame = self._frames.setdefault(experiment, analysis.ExperimentFrame(self.root, experiment))
+            if frame.refresh(self.store) or frame.table is None:
+                frame.table = analysis.ablation_table(frame.frame, experiment)
+                frame.table.attrs["notes"] = analysis.notes(frame.frame)  # what the readers left out
+            return frame.table
 
     def compare(self, experiment: str) -> Table:
+        """Cells from the one formatter `gridrun compare` uses; with nothing changed
+        since the last call, the same Table (a query and a few stats)."""
         from gridrun.engine import analysis
 
         try:
             t = self._table(experiment)
         except analysis.AnalysisError as e:
             return Table(experiment, ("",), (), note=str(e))
-        keys, metrics = t.attrs["keys"], t.attrs["metrics"]
-        columns = [*keys, "seeds"]
-        for m in metrics:
-            columns.append(m)
-            if f"{m}_delta" in t:
-                columns.append(f"Δ {m}")
-        rows, best = [], set()
-        for i, rec in enumerate(t.to_dict("records")):
-            cells = [str(rec[k]) for k in keys] + [str(rec["seeds"])]
-            for m in metrics:
-                if rec.get(f"{m}_best"):
-                    best.add((i, len(cells)))
-                cells.append(_pm(rec[f"{m}_mean"], rec[f"{m}_std"]))
-                if f"{m}_delta" in t:
-                    d, p = rec[f"{m}_delta"], rec.get(f"{m}_p")
-                    cells.append("" if _nan(d) else f"{d:+.4g}" + ("" if _nan(p) else f" p={p:.2g}"))
-            rows.append(tuple(cells))
-        return Table(experiment, tuple(columns), tuple(rows), frozenset(best),
-                     note="\n".join([f"{t.attrs['value']} validation value, mean ± std over "
-                                     "finished seeds", *t.attrs["notes"]]))
+        shown = self._shown.get(experiment)
+        if shown is None or shown[0] is not t:
+            c = analysis.table_cells(t)
+            table = Table(experiment, c.header, c.rows, c.best,
+                          note="\n".join([analysis.legend(t, "bold:"), *t.attrs["notes"]]))
+            same = shown is not None and shown[1] == table  # e.g. a live run's log grew
+            shown = self._shown[experiment] = (t, shown[1] if same else table)
+        return shown[1]
 
     def export_csv(self, experiment: str, path: str, *, force: bool = False) -> str:
         """Atomically; an existing file raises FileExistsError unless `force`, a
@@ -349,12 +345,3 @@ class StoreSource:
         export.write_frame(self._table(experiment), target, force=force)
         return str(target)
 
-
-def _nan(v: Any) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
-
-
-def _pm(mean: Any, std: Any) -> str:
-    if _nan(mean):
-        return "-"
-    return f"{mean:.4g}" if _nan(std) else f"{mean:.4g} ± {std:.2g}"
