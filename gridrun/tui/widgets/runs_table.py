@@ -63,6 +63,7 @@ SORT_KEYS: dict[str, Callable[[RunRow, float], tuple]] = {
 }
 SORTABLE = tuple(SORT_KEYS)
 STATUS_STYLES = {s: Style.parse(style) for s, (_, style) in fmt.GLYPHS.items()}
+PLAIN = Style()  # never None: line filters (NO_COLOR's monochrome) read every segment's style
 
 
 def cells(r: RunRow, now: float, marked: bool) -> tuple[str, ...]:
@@ -356,7 +357,7 @@ class RunsTable(ScrollView, can_focus=True):
             return self._header(width)
         row = self.scroll_offset.y + y - 1
         if row >= len(self.order):
-            return Strip.blank(width)
+            return Strip.blank(width, PLAIN)
         run_id = self.order[row]
         line = self._lines.get(run_id)
         if line is None or line.cell_length != width:
@@ -369,12 +370,12 @@ class RunsTable(ScrollView, can_focus=True):
     def _row(self, run_id: str, width: int) -> Strip:
         self.lines_rendered += 1
         values, r = self.shown[run_id], self.runs[run_id]
-        segments, gap = [], Segment(" " * GAP)
+        segments, gap = [], Segment(" " * GAP, PLAIN)
         for key, w in self.columns.items():
             text = clip(values[INDEX[key]], w, key in RIGHT)
-            style = STATUS_STYLES.get(r.status) if key == "status" else None
+            style = STATUS_STYLES.get(r.status, PLAIN) if key == "status" else PLAIN
             segments += (Segment(text, style), gap)
-        return Strip(segments).adjust_cell_length(width)
+        return Strip(segments).adjust_cell_length(width, PLAIN)
 
     def _header(self, width: int) -> Strip:
         style, segments = self.get_component_rich_style("runs-table--header"), []
