@@ -7,6 +7,7 @@ from gridrun.tui.screens.compare import CompareScreen
 from gridrun.tui.screens.detail import DetailScreen, OverlayScreen
 from gridrun.tui.screens.dialogs import Confirm, Prompt, QueueScreen
 from gridrun.tui.screens.help import HelpScreen
+from gridrun.tui.widgets import runs_table
 
 
 @aio
@@ -202,12 +203,10 @@ async def test_filter_sort_group(make_app):
         await pilot.press("enter", "escape")
         assert table.row_count == 24
         await pilot.press("s")  # sort by status
-        statuses = [table.runs[table.coordinate_to_cell_key((i, 0)).row_key.value].status
-                    for i in range(table.row_count)]
+        statuses = [table.runs[i].status for i in table.order]
         assert statuses == sorted(statuses)
         await pilot.press("g")
-        exps = [table.runs[table.coordinate_to_cell_key((i, 0)).row_key.value].experiment
-                for i in range(table.row_count)]
+        exps = [table.runs[i].experiment for i in table.order]
         assert exps == sorted(exps)
 
 
@@ -227,7 +226,7 @@ async def test_help_lists_every_key_and_quit_says_engine_runs(make_app):
 
 
 @aio
-async def test_runs_changed_updates_only_changed_cells(make_app):
+async def test_runs_changed_repaints_only_the_changed_line(make_app):
     from dataclasses import replace
 
     app, _src = make_app()
@@ -235,8 +234,13 @@ async def test_runs_changed_updates_only_changed_cells(make_app):
         await settle(pilot)
         table = app.main.table
         run = next(r for r in table.runs.values() if r.status == "running")
-        calls = []
-        original = table.update_cell
-        table.update_cell = lambda *a, **k: (calls.append(a[1]), original(*a, **k))
+        before, rendered = table.shown[run.id], table.lines_rendered
         table.apply([replace(run, step=run.step + 1, train_loss=0.1234)])
-        assert sorted(calls) == ["eta", "loss", "progress"]  # ETA follows the step
+        await pilot.pause()
+        changed = {k for k, a, b in zip(runs_table.COLUMNS, before, table.shown[run.id],
+                                        strict=True) if a != b}
+        assert changed == {"eta", "loss", "progress"}  # ETA follows the step
+        assert table.lines_rendered - rendered == 1  # that run's line, no other
+        table.apply([replace(run, step=run.step + 1, train_loss=0.1234)])  # the same again
+        await pilot.pause()
+        assert table.lines_rendered - rendered == 1

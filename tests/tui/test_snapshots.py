@@ -6,7 +6,7 @@ Update after a deliberate change: pytest tests/tui/test_snapshots.py --snapshot-
 import pytest
 from tui_helpers import settle, until
 
-SIZES = [(80, 24), (160, 48)]
+SIZES = [(80, 24), (120, 40), (200, 50)]
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -43,6 +43,20 @@ def test_compare(snap_compare, make_app, size):
         await until(pilot, lambda: getattr(app.screen, "shown", None) is not None)
 
     assert snap_compare(app, terminal_size=size, run_before=open_compare)
+
+
+def test_overlay_smoothed_over_faint_raw(snap_compare, make_app):
+    """Smoothing visible: the validation metric of two runs, EMA 0.8 over the dim raw curves."""
+    app, _ = make_app()
+
+    async def open_overlay(pilot):
+        await settle(pilot)
+        await pilot.press("space", "space", "v", "right_square_bracket")
+        await until(pilot, lambda: all(d.series for d in app.screen.data.values()))
+        app.clear_notifications()
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(120, 40), run_before=open_overlay)
 
 
 def test_help(snap_compare, make_app):

@@ -6,19 +6,37 @@ import json
 from typing import Any, ClassVar
 
 from rich.text import Text
-from textual import work
+from textual import events, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.markup import escape
 from textual.screen import Screen
-from textual.widgets import Footer, Static, TabbedContent, TabPane
+from textual.widgets import Static, TabbedContent, TabPane
 
 from gridrun.engine import records as rec
 from gridrun.engine.states import FINISHED
 from gridrun.tui.source import RunDetail, RunRow, Verdict
 from gridrun.tui.widgets import fmt
-from gridrun.tui.widgets.curves import Curves, Series
+from gridrun.tui.widgets.curves import DEFAULT_SMOOTHING, Curves, Series, step_smoothing
+from gridrun.tui.widgets.keys import KeyBar
+
+QUIT = Binding("q", "app.quit", "quit", tooltip="the engine keeps running")
+SMOOTH_KEYS = [Binding("right_square_bracket", "smooth(1)", "smooth+", key_display="]"),
+               Binding("left_square_bracket", "smooth(-1)", "smooth-", key_display="[")]
+FIRST = ("app.pop_screen", "smooth(1)", "smooth(-1)", "metric", "log", "export_model", "app.help",
+         "app.quit")
+
+
+class Smoothing:
+    """`]` and `[` step the curves' EMA weight (0: raw); the screen redraws."""
+
+    smoothing = DEFAULT_SMOOTHING
+
+    def action_smooth(self, by: int) -> None:
+        self.smoothing = step_smoothing(self.smoothing, by)
+        self.redraw()
+        self.notify(f"smoothing {self.smoothing:g}" if self.smoothing else "raw curves", timeout=2)
 
 
 class CurveData:
@@ -46,14 +64,15 @@ class CurveData:
         return [n for n in self.series if n.startswith("val ")]
 
 
-class DetailScreen(Screen):
+class DetailScreen(Smoothing, Screen):
     CSS_PATH = "detail.tcss"
     BINDINGS: ClassVar = [
+        *SMOOTH_KEYS,
         Binding("l", "log", "log scale"),
         Binding("x", "export_model", "export model"),
         Binding("escape,backspace", "app.pop_screen", "back"),
         Binding("question_mark", "app.help", "help", key_display="?"),
-        Binding("q", "app.quit", "quit (engine keeps running)"),
+        QUIT,
     ]
 
     def __init__(self, run: RunRow) -> None:
@@ -64,7 +83,7 @@ class DetailScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Static(self.heading(), id="title")
         with TabbedContent(id="tabs"):
-            with TabPane("curves", id="curves-tab"), Horizontal():
+            with TabPane("curves", id="curves-tab"), Horizontal(id="plots"):
                 yield Curves(id="loss")
                 yield Curves(id="rate")
             with TabPane("output", id="output-tab"):
@@ -73,7 +92,7 @@ class DetailScreen(Screen):
                 yield Static("", id="summary")
             with TabPane("config", id="config-tab"):
                 yield Static("", id="config")
-        yield Footer()
+        yield KeyBar(FIRST)
 
     def heading(self, verdict: Verdict | None = None) -> Text:
         r = self.run
@@ -91,6 +110,12 @@ class DetailScreen(Screen):
 
     def on_unmount(self) -> None:
         self.app.bridge.unwatch(self.run.id)
+
+    def on_resize(self, event: events.Resize) -> None:
+        """Both plots side by side when wide, stacked when tall, else the loss alone."""
+        width, height = event.size
+        self.set_class(width < 110 and height >= 34, "-stacked")
+        self.set_class(width < 110 and height < 34, "-single")
 
     @work(thread=True, group="detail", exclusive=True, exit_on_error=False)
     def load(self) -> None:
@@ -132,10 +157,11 @@ class DetailScreen(Screen):
         others = tuple(n for n in val if n != "val loss")
         title = "loss" + (f" (left), {', '.join(others)} (right)" if others else "")
         self.query_one("#loss", Curves).draw(
-            title, self.data.pick("train loss", *val), log=self.log_scale, right=others)
+            title, self.data.pick("train loss", *val), log=self.log_scale, right=others,
+            smoothing=self.smoothing)
         self.query_one("#rate", Curves).draw(
             "samples/s (left), lr (right)", self.data.pick("samples_per_s", "lr"),
-            log=self.log_scale, right=("lr",))
+            log=self.log_scale, right=("lr",), smoothing=self.smoothing, plain=("lr",))
 
     def action_log(self) -> None:
         self.log_scale = not self.log_scale
@@ -158,27 +184,39 @@ class DetailScreen(Screen):
         self.app.call_from_thread(self.app.notify, message, timeout=15)
 
 
-class OverlayScreen(Screen):
-    """Marked runs' curves in one plot with a legend; `m` picks the metric."""
+class OverlayScreen(Smoothing, Screen):
+    """Marked runs' curves in one plot with a legend; `m` picks the metric, which
+    starts as the validation metric the runs track (their best column's)."""
 
     CSS_PATH = "detail.tcss"
     BINDINGS: ClassVar = [
         Binding("m", "metric", "metric"),
+        *SMOOTH_KEYS,
         Binding("l", "log", "log scale"),
         Binding("escape,backspace", "app.pop_screen", "back"),
         Binding("question_mark", "app.help", "help", key_display="?"),
-        Binding("q", "app.quit", "quit (engine keeps running)"),
+        QUIT,
     ]
 
     def __init__(self, runs: list[RunRow]) -> None:
         super().__init__()
         self.runs = runs
         self.data = {r.id: CurveData() for r in runs}
-        self.metric, self.log_scale = "train loss", False
+        self.chosen: str | None = None  # set by `m`; until then the validation metric
+        self.log_scale = False
+
+    @property
+    def metric(self) -> str:
+        if self.chosen:
+            return self.chosen
+        names = {n for d in self.data.values() for n in d.series}
+        tracked = [f"val {r.best_name}" for r in self.runs if r.best_name]
+        val = sorted(n for n in names if n.startswith("val "))
+        return next((n for n in [*tracked, "val loss", *val] if n in names), "train loss")
 
     def compose(self) -> ComposeResult:
         yield Curves(id="overlay")
-        yield Footer()
+        yield KeyBar(FIRST)
 
     def on_mount(self) -> None:
         for r in self.runs:
@@ -199,13 +237,14 @@ class OverlayScreen(Screen):
     def redraw(self) -> None:
         series = {f"{r.id} {r.variant}"[:40]: self.data[r.id].series.get(self.metric, [])
                   for r in self.runs}
-        self.query_one(Curves).draw(self.metric, series, log=self.log_scale)
+        self.query_one(Curves).draw(self.metric, series, log=self.log_scale,
+                                    smoothing=0.0 if self.metric == "lr" else self.smoothing)
 
     def action_metric(self) -> None:
         names = sorted({n for d in self.data.values() for n in d.series} - {"lr"})
         if names:
             i = names.index(self.metric) + 1 if self.metric in names else 0
-            self.metric = names[i % len(names)]
+            self.chosen = names[i % len(names)]
             self.redraw()
 
     def action_log(self) -> None:

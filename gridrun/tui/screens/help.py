@@ -17,7 +17,8 @@ def key_table(screens: dict[str, list[Binding]]) -> str:
         lines.append(f"[b]{name}[/]")
         for b in bindings:
             keys = b.key_display or b.key.replace(",", " / ")
-            lines.append(f"  {keys:<18} {b.description or b.action}")
+            what = (b.description or b.action) + (f" ({b.tooltip})" if b.tooltip else "")
+            lines.append(f"  {keys:<18} {what}".replace("[", "\\["))  # `[` is a key, not markup
         lines.append("")
     lines.append("j / k move down and up in tables; the mouse works too.")
     return "\n".join(lines)

@@ -10,15 +10,20 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import Footer, Input
+from textual.widgets import Input
 
 from gridrun.tui.source import ACTIVE, RETRYABLE, EngineState, Machine, RunRow
+from gridrun.tui.widgets.keys import KeyBar
 from gridrun.tui.widgets.panels import MachinePanel, StatusHeader
 from gridrun.tui.widgets.runs_table import RunsTable
 
 # The actions whose availability depends on the rows or the engine (see check_action).
 KEYED = ("detail", "mark", "overlay", "cancel", "retry", "priority", "clone", "compare",
          "start_engine")
+# The footer keeps these first when the terminal is narrow; `?` lists every key.
+FOOTER_FIRST = ("detail", "app.help", "app.quit", "queue", "mark", "overlay", "cancel", "retry",
+                "filter", "sort", "start_engine", "pause", "compare", "clone", "group")
+QUIT = Binding("q", "app.quit", "quit", tooltip="the engine keeps running")
 
 
 class MainScreen(Screen):
@@ -43,7 +48,7 @@ class MainScreen(Screen):
         Binding("E", "start_engine", "start engine"),
         Binding("escape", "clear", "clear", show=False),
         Binding("question_mark", "app.help", "help", key_display="?"),
-        Binding("q", "app.quit", "quit (engine keeps running)"),
+        QUIT,
     ]
 
     def __init__(self) -> None:
@@ -57,7 +62,7 @@ class MainScreen(Screen):
         yield MachinePanel(id="machine")
         yield RunsTable(self.app.clock, id="runs")
         yield Input(placeholder="filter: words that must all appear (esc clears)", id="filter")
-        yield Footer()
+        yield KeyBar(FOOTER_FIRST)
 
     @property
     def table(self) -> RunsTable:
@@ -67,7 +72,7 @@ class MainScreen(Screen):
         self.query_one(StatusHeader).show(str(self.app.source.root), None)
         self.table.focus()
 
-    def on_data_table_row_highlighted(self) -> None:
+    def on_runs_table_cursor_moved(self) -> None:
         self._refresh_keys()  # cancel, retry and priority depend on the run under the cursor
 
     # ---- fed by the bridge ------------------------------------------------------
