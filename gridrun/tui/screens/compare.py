@@ -9,9 +9,11 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
+from gridrun.tui.screens.detail import QUIT
 from gridrun.tui.source import Table
+from gridrun.tui.widgets.keys import KeyBar
 
 
 class CompareScreen(Screen):
@@ -22,7 +24,7 @@ class CompareScreen(Screen):
         Binding("j", "cursor_down", "down", show=False),
         Binding("k", "cursor_up", "up", show=False),
         Binding("question_mark", "app.help", "help", key_display="?"),
-        Binding("q", "app.quit", "quit (engine keeps running)"),
+        QUIT,
     ]
 
     def __init__(self, experiment: str) -> None:
@@ -35,7 +37,7 @@ class CompareScreen(Screen):
                      id="title")
         yield DataTable(id="ablation", cursor_type="row")
         yield Static("", id="note")
-        yield Footer()
+        yield KeyBar(("export", "app.pop_screen", "app.help", "app.quit"))
 
     def on_mount(self) -> None:
         self.load()
