@@ -11,9 +11,10 @@ import pytest
 from scipy import stats
 
 from gridrun.engine import analysis, layout, records
-from gridrun.engine.analysis import ablation_table, format_table, runs_frame
+from gridrun.engine.analysis import ablation_table, runs_frame
 from gridrun.engine.runlog import MetricsWriter
 from gridrun.engine.spec import TRAINER_KEYS, RunSpec, run_id, write_run_config
+from gridrun.engine.tables import format_table
 
 DIRS = {"loss": "lower", "accuracy": "higher"}
 

@@ -8,8 +8,9 @@ from test_analysis import build_abl, build_grid, make_run
 from typer.testing import CliRunner
 
 from gridrun.cli import app
-from gridrun.engine import analysis, export
-from gridrun.engine.analysis import ablation_table, format_table, runs_frame
+from gridrun.engine import analysis, export, tables
+from gridrun.engine.analysis import ablation_table, runs_frame
+from gridrun.engine.tables import format_table
 
 runner = CliRunner()
 
@@ -38,9 +39,9 @@ def test_terminal_table_digits_follow_the_std(grid_root):
 
 
 def test_decimals():
-    assert analysis._decimals(12345.6, 230.0) == 0
-    assert analysis._decimals(0.5, 0.0004) == 5  # 0.50000 ± 0.00040
-    assert analysis._decimals(0.5, float("nan")) == 4  # 4 significant digits alone
+    assert tables._decimals(12345.6, 230.0) == 0
+    assert tables._decimals(0.5, 0.0004) == 5  # 0.50000 ± 0.00040
+    assert tables._decimals(0.5, float("nan")) == 4  # 4 significant digits alone
 
 
 def test_csv_round_trip(grid_root, tmp_path):

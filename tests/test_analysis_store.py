@@ -13,7 +13,7 @@ from test_analysis import build_abl, build_grid, make_run
 from typer.testing import CliRunner
 
 from gridrun.cli import app
-from gridrun.engine import analysis, layout, runlog
+from gridrun.engine import analysis, layout, runlog, tables
 from gridrun.engine.spec import read_run_config
 from gridrun.engine.store import Store
 from gridrun.tui.store_source import StoreSource
@@ -70,9 +70,9 @@ def test_the_store_gives_the_folders_frame_and_table(tmp_path, build):
     old, new = folder_frame(root), analysis.load_frame(root)
     pd.testing.assert_frame_equal(old, new)
     assert old.attrs == new.attrs
-    for fmt in analysis.FORMATS:
-        assert analysis.format_table(analysis.ablation_table(old), fmt) == \
-            analysis.format_table(analysis.ablation_table(new), fmt)
+    for fmt in tables.FORMATS:
+        assert tables.format_table(analysis.ablation_table(old), fmt) == \
+            tables.format_table(analysis.ablation_table(new), fmt)
 
 
 def test_ended_runs_cost_no_file_but_one_summary_for_the_metric_order(tmp_path, counted_reads):
@@ -151,10 +151,10 @@ def test_welch_p_is_scipys():
 def test_the_screen_and_the_cli_format_cells_alike(tmp_path):
     root = to_store(build_abl(tmp_path))
     table = analysis.ablation_table(analysis.load_frame(root, "abl"), "abl")
-    cells = analysis.table_cells(table)
+    cells = tables.table_cells(table)
     shown = StoreSource(root).compare("abl")
     assert (shown.columns, shown.rows, shown.best) == (cells.header, cells.rows, cells.best)
-    text = analysis.format_table(table)
+    text = tables.format_table(table)
     for row in shown.rows:
         assert all(c in text for c in row)
     assert "loss ↓" in shown.columns and "Δ loss" in shown.columns and "p" in shown.columns

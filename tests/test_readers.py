@@ -11,7 +11,7 @@ from test_analysis import make_run
 from typer.testing import CliRunner
 
 from gridrun.cli import app
-from gridrun.engine import analysis, layout, runlog
+from gridrun.engine import analysis, layout, runlog, tables
 from gridrun.engine.export import export_metrics
 from gridrun.engine.records import Summary
 
@@ -138,7 +138,7 @@ def test_a_garbage_config_is_skipped_and_listed(tmp_path, config):
 
 def test_run_results_table_skips_bad_lines(tmp_path):
     live_run_with_bad_lines(tmp_path)
-    text = analysis.comparison_text(tmp_path, ["e"])
+    text = tables.comparison_text(tmp_path, ["e"])
     assert "loss" in text and f"{len(BAD)} unreadable lines skipped" in text
 
 

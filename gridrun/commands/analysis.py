@@ -40,7 +40,9 @@ def _frame(root: Path, experiment: str | None) -> Any:
             fail(f"no runs under {root} yet; {START_HINT}")
         if experiment not in known:
             fail(f"no experiment {experiment!r} under {root}; there are: {', '.join(known)}")
-        _notes(analysis.notes(frame))
+        from gridrun.engine.tables import notes
+
+        _notes(notes(frame))
         fail(f"no readable runs of {experiment!r} under {root}")
     return frame
 
@@ -63,7 +65,8 @@ def compare(
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
     """Mean ± std over seeds per cell, the best cell per metric, deltas vs the baseline."""
-    from gridrun.engine.analysis import AnalysisError, ablation_table, format_table, notes
+    from gridrun.engine.analysis import AnalysisError, ablation_table
+    from gridrun.engine.tables import format_table, notes
 
     frame = _frame(root, experiment)
     try:
@@ -91,8 +94,9 @@ def export(
     """Write runs, metrics or the ablation table to a CSV or Parquet file (atomically:
     the file is complete or not there)."""
     from gridrun.engine import runlog, states
-    from gridrun.engine.analysis import AnalysisError, ablation_table, notes
+    from gridrun.engine.analysis import AnalysisError, ablation_table
     from gridrun.engine.export import TargetExists, check_target, export_metrics, write_frame
+    from gridrun.engine.tables import notes
 
     if status is not None and status not in states.ALL:
         fail(f"unknown status {status!r}: choose one of {', '.join(states.ALL)}")

@@ -138,13 +138,13 @@ def _results(root: Path, file: Path, runs: list) -> None:
     experiments = sorted({r.experiment for r in runs})
     typer.echo("results: " + ", ".join(str(root / e) for e in experiments))
     try:
-        from gridrun.engine import analysis
+        from gridrun.engine import tables
     except ImportError:
         return
     try:
         with _store(root) as store:
             statuses = {r.id: r.status for r in store.list_runs(ids=[r.id for r in runs])}
-        typer.echo(analysis.comparison_text(root, experiments, statuses).rstrip())
+        typer.echo(tables.comparison_text(root, experiments, statuses).rstrip())
     except Exception as e:  # the table is a courtesy; the runs are done either way
         typer.echo(f"(no comparison table: {e})", err=True)
 

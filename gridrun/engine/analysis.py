@@ -1,4 +1,5 @@
-"""Runs -> pandas: one row per run, ablation tables over seeds (exports: export.py).
+"""Runs -> pandas: one row per run, ablation tables over seeds (their text: tables.py;
+exports: export.py).
 
 A run's row comes from the store when the root has one: its config, and once
 it has ended its summary, are columns of the store's row, so an ended run
@@ -21,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import json
 import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -43,7 +43,6 @@ RUN_FIELDS = ["step", "total_steps", "best_step", "started_at", "ended_at", "wal
               "train_loss", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "device",
               "precision", "error"]
 PENDING = (states.QUEUED, states.RUNNING, states.INTERRUPTED)
-FORMATS = ("table", "csv", "markdown", "latex", "json")
 
 
 class AnalysisError(ValueError):
@@ -593,164 +592,3 @@ def _ablation_table(frame: pd.DataFrame, experiment: str | None, by: Iterable[st
     table.attrs.update(directions={m: records.direction(m, directions) for m in metrics},
                        metrics=metrics, keys=list(all_keys), value=kind)
     return table
-
-
-# --------------------------------------------------------------------------- formatting
-
-def _decimals(mean: float, std: float) -> int:
-    """Decimal places: two significant digits of the std, or four of the mean alone."""
-    if not math.isnan(std) and std > 0:
-        return max(0, 1 - math.floor(math.log10(std)))
-    if math.isnan(mean) or mean == 0:
-        return 2
-    return max(0, 3 - math.floor(math.log10(abs(mean))))
-
-
-def _num(value: float, decimals: int) -> str:
-    return f"{value:.{decimals}f}"
-
-
-@dataclass(frozen=True)
-class Cells:
-    """An ablation table as text cells: what `gridrun compare` prints and the
-    interface's compare screen shows. `best` holds the (row, column) of each
-    metric's best mean, for the caller to mark its own way."""
-
-    header: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
-    best: frozenset[tuple[int, int]]
-
-
-def table_cells(table: pd.DataFrame, pm: str = " ± ", esc: Any = lambda text: text) -> Cells:
-    """The one formatter of an ablation table's cells: the grouping keys, seeds
-    ("k/n" while some run, "(f failed)"), then per metric (with its direction's
-    arrow) mean ± std to two significant digits of the std, and for ablations
-    Δ vs the baseline (relative in brackets) and Welch's p. `esc` escapes the
-    plain text; `pm` goes in as it is."""
-    metrics = table.attrs.get("metrics") or sorted(
-        {c[:-5] for c in table.columns if c.endswith("_mean")})
-    keys = table.attrs.get("keys") or []
-    directions = table.attrs.get("directions", {})
-    show_exp = table["experiment"].nunique() > 1
-    deltas = "ablation" in keys
-    header = [*(["experiment"] if show_exp else []), *map(esc, keys), "seeds"]
-    for m in metrics:
-        arrow = "↓" if records.direction(m, directions) == records.LOWER else "↑"
-        header.append(f"{esc(m)} {arrow}")
-        if deltas and f"{m}_delta" in table:
-            header += [f"Δ {esc(m)}", "p"]
-    rows, best = [], set()
-    for i, r in enumerate(table.to_dict("records")):
-        cells = [*([esc(str(r["experiment"]))] if show_exp else []),
-                 *("" if _missing(r[k]) else esc(str(r[k])) for k in keys), str(r["seeds"])]
-        for m in metrics:
-            mean, std = r[f"{m}_mean"], r[f"{m}_std"]
-            d = _decimals(mean, std)
-            if r[f"{m}_best"]:
-                best.add((i, len(cells)))
-            cells.append("–" if math.isnan(mean) else _num(mean, d) if math.isnan(std)
-                         else f"{_num(mean, d)}{pm}{_num(std, d)}")
-            if deltas and f"{m}_delta" in table:
-                delta, rel, p = r[f"{m}_delta"], r[f"{m}_delta_rel"], r[f"{m}_p"]
-                cells.append("" if _missing(delta) else esc(
-                    f"{delta:+.{d}f}" + ("" if _missing(rel) else f" ({rel:+.1%})")))
-                cells.append("" if _missing(p) else f"{p:.2g}" if p >= 0.001 else esc("<0.001"))
-        rows.append(tuple(cells))
-    return Cells(tuple(header), tuple(rows), frozenset(best))
-
-
-def _cells(table: pd.DataFrame, bold: tuple[str, str], pm: str,
-           esc: Any = lambda text: text) -> tuple[list[str], list[list[str]]]:
-    """Header and text cells of the terminal, Markdown and LaTeX tables, the best
-    ones between `bold`'s two marks."""
-    c = table_cells(table, pm, esc)
-    rows = [[f"{bold[0]}{text}{bold[1]}" if (i, j) in c.best else text for j, text in enumerate(row)]
-            for i, row in enumerate(c.rows)]
-    return list(c.header), rows
-
-
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
-def legend(table: pd.DataFrame, mark: str) -> str:
-    """What the numbers of a formatted table are, one line; `mark` names the best cells' mark."""
-    value = "final" if table.attrs.get("value") == "final" else "best validation"
-    text = f"mean ± std over finished seeds of the {value} value; {mark} best per metric"
-    if "ablation" in table.attrs.get("keys", []):
-        text += "; Δ vs baseline, p from Welch's t-test (needs 2+ seeds each)"
-    return text
-
-
-def _latex_escape(text: str) -> str:
-    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"),
-                 ("#", r"\#"), ("_", r"\_"), ("{", r"\{"), ("}", r"\}"), ("<", "$<$")):
-        text = text.replace(a, b)
-    return text
-
-
-def format_table(table: pd.DataFrame, fmt: str = "table") -> str:
-    """The ablation table as text: table | csv | markdown | latex | json."""
-    if fmt == "csv":
-        return table.to_csv(index=False)
-    if fmt == "json":
-        return json.dumps(json.loads(table.to_json(orient="records")), indent=1) + "\n"
-    if fmt in ("table", "markdown", "latex") and table["experiment"].nunique() > 1:
-        # experiments vary different keys: one block each
-        blocks = []
-        for exp in dict.fromkeys(table["experiment"]):
-            part = table[table["experiment"] == exp].copy()
-            part.attrs = {**table.attrs,
-                          "keys": [k for k in table.attrs.get("keys", []) if part[k].notna().any()]}
-            title = {"table": f"{exp}\n", "markdown": f"### {exp}\n\n", "latex": f"% {exp}\n"}[fmt]
-            blocks.append(title + format_table(part, fmt))
-        return "\n".join(blocks)
-    if fmt == "table":
-        header, rows = _cells(table, ("", " *"), " ± ")
-        widths = [max(len(x) for x in col) for col in zip(header, *rows, strict=True)]
-        line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
-        out = [line(header), "  ".join("─" * w for w in widths), *map(line, rows)]
-        return "\n".join([*out, legend(table, "*")]) + "\n"
-    if fmt == "markdown":
-        header, rows = _cells(table, ("**", "**"), " ± ")
-        out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-        out += ["| " + " | ".join(r) + " |" for r in rows]
-        return "\n".join([*out, "", legend(table, "bold:")]) + "\n"
-    if fmt == "latex":
-        header, rows = _cells(table, ("\\textbf{", "}"), " $\\pm$ ", _latex_escape)
-        symbols = {"↓": r"$\downarrow$", "↑": r"$\uparrow$", "Δ": r"$\Delta$"}
-        header = ["".join(symbols.get(ch, ch) for ch in h) for h in header]
-        lead = header.index("seeds")  # the grouping columns, left-aligned; numbers right
-        out = [r"\begin{tabular}{" + "l" * lead + "r" * (len(header) - lead) + "}", r"\toprule",
-               " & ".join(header) + r" \\", r"\midrule"]
-        out += [" & ".join(r) + r" \\" for r in rows]
-        out += [r"\bottomrule", r"\end{tabular}"]
-        return "\n".join(out) + "\n"
-    raise AnalysisError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
-
-
-def notes(frame: pd.DataFrame) -> list[str]:
-    """What a reader of these files should know was left out, one line each."""
-    return [*(f"skipped {folder}: its {layout.CONFIG} cannot be read"
-              for folder in frame.attrs.get("skipped", [])), *frame.attrs.get("notes", [])]
-
-
-def comparison_text(root: str | os.PathLike, experiments: Iterable[str] | None = None,
-                    statuses: Mapping[str, str] | None = None) -> str:
-    """The table `gridrun run` prints when its runs are done, and how to export it:
-    each experiment's runs from the store (its folders without one); `statuses`
-    override what the store says."""
-    names = list(experiments or ()) or None
-    frames = [runs_frame(root, statuses, runs=store_runs(root, exp), experiment=exp)
-              for exp in (names or [None])]
-    parts, notes_ = [], []
-    for frame in frames:
-        for exp in dict.fromkeys(frame["experiment"]) if not frame.empty else ():
-            if names is None or exp in names:
-                parts.append(f"{exp}\n" + format_table(ablation_table(frame, exp)))
-        notes_.extend(notes(frame))
-    if all(frame.empty for frame in frames):
-        return ""
-    parts.extend(f"note: {n}" for n in dict.fromkeys(notes_))
-    parts.append(f"export: gridrun export --what ablation -o results.csv --root {root}")
-    return "\n".join(parts) + "\n"

@@ -308,19 +308,19 @@ class StoreSource:
     def _table(self, experiment: str):
         """The experiment's ablation table: the same object while nothing changed;
         only runs whose store row or running log changed are read again."""
-        from gridrun.engine import analysis
+        from gridrun.engine import analysis, tables
 
         with self._compare_lock:
             frame = self._frames.setdefault(experiment, analysis.ExperimentFrame(self.root, experiment))
             if frame.refresh(self.store) or frame.table is None:
                 frame.table = analysis.ablation_table(frame.frame, experiment)
-                frame.table.attrs["notes"] = analysis.notes(frame.frame)  # what the readers left out
+                frame.table.attrs["notes"] = tables.notes(frame.frame)  # what the readers left out
             return frame.table
 
     def compare(self, experiment: str) -> Table:
         """Cells from the one formatter `gridrun compare` uses; with nothing changed
         since the last call, the same Table (a query and a few stats)."""
-        from gridrun.engine import analysis
+        from gridrun.engine import analysis, tables
 
         try:
             t = self._table(experiment)
@@ -328,9 +328,9 @@ class StoreSource:
             return Table(experiment, ("",), (), note=str(e))
         shown = self._shown.get(experiment)
         if shown is None or shown[0] is not t:
-            c = analysis.table_cells(t)
+            c = tables.table_cells(t)
             table = Table(experiment, c.header, c.rows, c.best,
-                          note="\n".join([analysis.legend(t, "bold:"), *t.attrs["notes"]]))
+                          note="\n".join([tables.legend(t, "bold:"), *t.attrs["notes"]]))
             same = shown is not None and shown[1] == table  # e.g. a live run's log grew
             shown = self._shown[experiment] = (t, shown[1] if same else table)
         return shown[1]
