@@ -254,6 +254,7 @@ def test_a_frozen_engine_is_reported_as_not_responding(root, monkeypatch):
         assert frozen.running and not frozen.responding
         result = CliRunner().invoke(app, ["engine", "status", "--root", str(root)])
         assert "not responding for" in result.stdout, result.output
+        assert f"`gridrun engine stop --force --root {root}` ends it" in result.stdout
         result = CliRunner().invoke(app, ["engine", "status", "--root", str(root), "--json"])
         assert '"responding": false' in result.stdout
     finally:

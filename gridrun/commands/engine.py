@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -192,7 +193,8 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
         f"starting its backend (pid {st.pid})" if st.starting else f"running (pid {st.pid})")
     if not st.responding:
         state = (f"not responding for {st.heartbeat_age:.0f} s (pid {st.pid}): stopped or stuck; "
-                 f"`kill -CONT {st.pid}` wakes a stopped one, `gridrun engine stop --force` ends it")
+                 f"`kill -CONT {st.pid}` wakes a stopped one, "
+                 f"`gridrun engine stop --force --root {shlex.quote(str(root))}` ends it")
     typer.echo(f"engine: {state}"
                + (" · paused" if paused else "") + f" · root {root}")
     typer.echo("runs: " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"))
