@@ -155,3 +155,16 @@ def test_engine_stop_mid_epoch_with_workers_resumes_exactly(tmp_path):
     assert json.loads((run_dir / layout.SUMMARY).read_text())["resumed_from_step"] == step
     assert engine_metrics(root, queued) == metrics_without_timing(straight)
     assert_same_end(straight, run_dir)
+
+
+def test_evaluating_more_often_leaves_training_alone(tmp_path):
+    """Evaluation draws nothing from the training stream (its loader has its own
+    generator and streams): with dropout, the train lines are the same whether a
+    run evaluates at each epoch end or every 5 steps."""
+    args = {**TASK_ARGS, "inner_task": "spirals", "train_size": 512, "val_size": 128}
+    lines = {}
+    for every in (0, 5):
+        run, run_dir = make_run(tmp_path, f"eval{every}", args, epochs=2, eval_every=every)
+        assert train(run, run_dir, log=lambda s: None)["status"] == states.COMPLETED
+        lines[every] = [r for r in metrics_without_timing(run_dir) if r["split"] == "train"]
+    assert lines[0] == lines[5] and len(lines[0]) > 4
