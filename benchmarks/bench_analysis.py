@@ -162,7 +162,7 @@ def screen_phase(root: Path, repeat: int) -> dict:
 def phase(name: str, root: Path, out: Path, repeat: int = 3) -> dict:
     import pandas as pd
 
-    from gridrun.engine import analysis, export, layout
+    from gridrun.engine import analysis, export, frames, layout
 
     analysis.ablation_table  # noqa: B018 - imports done before the baseline RSS
     import scipy.stats  # noqa: F401
@@ -175,7 +175,7 @@ def phase(name: str, root: Path, out: Path, repeat: int = 3) -> dict:
     elif name == "screen":
         result = screen_phase(root, repeat)
     elif name == "frame":
-        frame = analysis.runs_frame(root)
+        frame = frames.runs_frame(root)
         t1 = time.perf_counter()
         table = analysis.ablation_table(frame)
         result = {"runs": len(frame), "table_rows": len(table), "frame_s": t1 - t0,

@@ -11,7 +11,8 @@ import pytest
 from scipy import stats
 
 from gridrun.engine import analysis, layout, records
-from gridrun.engine.analysis import ablation_table, runs_frame
+from gridrun.engine.analysis import ablation_table
+from gridrun.engine.frames import runs_frame
 from gridrun.engine.runlog import MetricsWriter
 from gridrun.engine.spec import TRAINER_KEYS, RunSpec, run_id, write_run_config
 from gridrun.engine.tables import format_table

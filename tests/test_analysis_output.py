@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 
 from gridrun.cli import app
 from gridrun.engine import analysis, export, tables
-from gridrun.engine.analysis import ablation_table, runs_frame
+from gridrun.engine.analysis import ablation_table
+from gridrun.engine.frames import runs_frame
 from gridrun.engine.tables import format_table
 
 runner = CliRunner()

@@ -13,7 +13,7 @@ from test_analysis import build_abl, build_grid, make_run
 from typer.testing import CliRunner
 
 from gridrun.cli import app
-from gridrun.engine import analysis, layout, runlog, tables
+from gridrun.engine import analysis, frames, layout, runlog, tables
 from gridrun.engine.spec import read_run_config
 from gridrun.engine.store import Store
 from gridrun.tui.store_source import StoreSource
@@ -41,7 +41,7 @@ def folder_frame(root, experiment=None):
     """What the folders alone give, with the store's states and provenance (the old way)."""
     with Store(root) as store:
         runs = store.list_runs()
-    return analysis.runs_frame(root, {r.id: r.status for r in runs},
+    return frames.runs_frame(root, {r.id: r.status for r in runs},
                                provenance={r.id: r.provenance for r in runs})
 
 
@@ -67,7 +67,7 @@ def counted_reads(monkeypatch):
 @pytest.mark.parametrize("build", [build_grid, build_abl])
 def test_the_store_gives_the_folders_frame_and_table(tmp_path, build):
     root = to_store(build(tmp_path))
-    old, new = folder_frame(root), analysis.load_frame(root)
+    old, new = folder_frame(root), frames.load_frame(root)
     pd.testing.assert_frame_equal(old, new)
     assert old.attrs == new.attrs
     for fmt in tables.FORMATS:
@@ -78,13 +78,13 @@ def test_the_store_gives_the_folders_frame_and_table(tmp_path, build):
 def test_ended_runs_cost_no_file_but_one_summary_for_the_metric_order(tmp_path, counted_reads):
     root = to_store(build_grid(tmp_path))
     counted_reads.clear()
-    frame = analysis.load_frame(root)
+    frame = frames.load_frame(root)
     assert len(frame) == 6
     assert len(counted_reads) == 1  # one summary.json: the order the task gave its metrics
     assert frame.attrs["metrics"] == ["loss", "accuracy"]  # not the store's sorted keys
     for folder in root.glob("grid/*"):
         (folder / layout.SUMMARY).unlink()  # the rows alone still tell everything
-    assert analysis.load_frame(root)["best_loss"].notna().all()
+    assert frames.load_frame(root)["best_loss"].notna().all()
 
 
 def test_one_experiment_reads_nothing_of_the_others(tmp_path, counted_reads):
@@ -94,10 +94,10 @@ def test_one_experiment_reads_nothing_of_the_others(tmp_path, counted_reads):
     live = make_run(tmp_path, "abl", 9, summary=False, log=log, ablation="baseline")
     root = to_store(tmp_path, running={live})
     counted_reads.clear()
-    frame = analysis.load_frame(root, "grid")
+    frame = frames.load_frame(root, "grid")
     assert set(frame["experiment"]) == {"grid"} and len(frame) == 6
     assert not [p for p in counted_reads if "/abl/" in p]
-    abl = analysis.load_frame(root, "abl").set_index("id")
+    abl = frames.load_frame(root, "abl").set_index("id")
     assert abl.loc[live, "status"] == "running" and abl.loc[live, "best_loss"] == 0.7
     assert str(root / "abl" / live / layout.METRICS) in counted_reads  # live: its log
 
@@ -117,7 +117,7 @@ def test_folders_the_store_does_not_know_still_count(tmp_path):
     root = to_store(build_grid(tmp_path))
     stray = make_run(root, "grid", 7, trainer={"lr": 0.1}, axes={"lr": 0.1},
                      best={"loss": 0.5, "accuracy": 0.5})  # e.g. trained in the foreground
-    frame = analysis.load_frame(root, "grid").set_index("id")
+    frame = frames.load_frame(root, "grid").set_index("id")
     assert frame.loc[stray, "best_loss"] == 0.5
     row = analysis.ablation_table(frame.reset_index()).set_index("lr").loc[0.1]
     assert row["seeds"] == "4"
@@ -150,7 +150,7 @@ def test_welch_p_is_scipys():
 
 def test_the_screen_and_the_cli_format_cells_alike(tmp_path):
     root = to_store(build_abl(tmp_path))
-    table = analysis.ablation_table(analysis.load_frame(root, "abl"), "abl")
+    table = analysis.ablation_table(frames.load_frame(root, "abl"), "abl")
     cells = tables.table_cells(table)
     shown = StoreSource(root).compare("abl")
     assert (shown.columns, shown.rows, shown.best) == (cells.header, cells.rows, cells.best)

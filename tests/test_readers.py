@@ -11,7 +11,7 @@ from test_analysis import make_run
 from typer.testing import CliRunner
 
 from gridrun.cli import app
-from gridrun.engine import analysis, layout, runlog, tables
+from gridrun.engine import frames, layout, runlog, tables
 from gridrun.engine.export import export_metrics
 from gridrun.engine.records import Summary
 
@@ -129,7 +129,7 @@ def test_a_garbage_config_is_skipped_and_listed(tmp_path, config):
     make_run(tmp_path, "e", 0, best={"loss": 0.3, "accuracy": 0.9})
     bad = layout.make_private_dir(tmp_path / "e" / "zzzzzzzzzz")
     (bad / layout.CONFIG).write_bytes(config)
-    frame = analysis.runs_frame(tmp_path)
+    frame = frames.runs_frame(tmp_path)
     assert len(frame) == 1 and frame.attrs["skipped"] == [str(bad)]
     code, out, result = gridrun("compare", "--root", tmp_path)
     assert code == 0, result.exception

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gridrun.cli import app
-from gridrun.engine import analysis, layout, progress, records, runlog, states, worker
+from gridrun.engine import frames, layout, progress, records, runlog, states, worker
 from gridrun.engine.progress import Progress, fold
 from gridrun.engine.records import Summary
 from gridrun.engine.runlog import MetricsWriter
@@ -92,7 +92,7 @@ def test_every_view_shows_the_best_the_trainer_kept(tmp_path, metric):
     assert row.best == summary.best_value and row.step == summary.step
 
     # analysis of the live run (no summary.json yet): the same fold
-    frame = analysis.runs_frame(root)
+    frame = frames.runs_frame(root)
     assert frame.iloc[0][f"best_{metric}"] == summary.best_value
     assert frame.attrs["directions"][metric] == way
 

@@ -30,12 +30,12 @@ START_HINT = "start some with: gridrun run experiments.toml"
 
 def _frame(root: Path, experiment: str | None) -> Any:
     """The runs (of one experiment) from the store, their folders only where needed
-    (see gridrun.engine.analysis); a root without a store from its folders."""
-    from gridrun.engine import analysis
+    (see gridrun.engine.frames); a root without a store from its folders."""
+    from gridrun.engine import frames
 
-    frame = analysis.load_frame(root, experiment)
+    frame = frames.load_frame(root, experiment)
     if frame.empty:
-        known = analysis.experiments(root) if experiment is not None else []
+        known = frames.experiments(root) if experiment is not None else []
         if experiment is None or not known:
             fail(f"no runs under {root} yet; {START_HINT}")
         if experiment not in known:

@@ -13,7 +13,8 @@ from typing import Any
 import pandas as pd
 
 from gridrun.engine import layout, records
-from gridrun.engine.analysis import AnalysisError, ablation_table, runs_frame, store_runs
+from gridrun.engine.analysis import AnalysisError, ablation_table
+from gridrun.engine.frames import runs_frame, store_runs
 
 FORMATS = ("table", "csv", "markdown", "latex", "json")
 

@@ -91,7 +91,7 @@ class StoreSource:
         self._first = True  # the first poll warns of an empty store beside run folders
         self._skipped: dict[str, int] = {}  # run id -> metrics lines that were not records
         self._compare_lock = threading.Lock()  # the compare and export workers share the frames
-        self._frames: dict[str, Any] = {}  # experiment -> analysis.ExperimentFrame (pandas: lazily)
+        self._frames: dict[str, Any] = {}  # experiment -> frames.ExperimentFrame (pandas: lazily)
         self._shown: dict[str, tuple[Any, Table]] = {}  # experiment -> (its table, as shown)
 
     # ---- polling ------------------------------------------------------------------
@@ -308,10 +308,10 @@ class StoreSource:
     def _table(self, experiment: str):
         """The experiment's ablation table: the same object while nothing changed;
         only runs whose store row or running log changed are read again."""
-        from gridrun.engine import analysis, tables
+        from gridrun.engine import analysis, frames, tables
 
         with self._compare_lock:
-            frame = self._frames.setdefault(experiment, analysis.ExperimentFrame(self.root, experiment))
+            frame = self._frames.setdefault(experiment, frames.ExperimentFrame(self.root, experiment))
             if frame.refresh(self.store) or frame.table is None:
                 frame.table = analysis.ablation_table(frame.frame, experiment)
                 frame.table.attrs["notes"] = tables.notes(frame.frame)  # what the readers left out
