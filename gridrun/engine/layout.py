@@ -243,9 +243,9 @@ def make_run_dir(root: str | os.PathLike, experiment: str, run_id: str) -> Path:
 
 def read_private(path: str | os.PathLike) -> bytes:
     """The bytes of ROOT/EXPERIMENT/RUN_ID/NAME, read only if the experiment
-    folder, the run folder and the file are this user's, not writable by group
-    or others, and not symlinks, all checked on the descriptors that are read
-    (a path swapped after the check is refused, not read)."""
+    folder, the run folder and the file are this user's and not symlinks, and
+    the folders not writable by group or others, all checked on the descriptors
+    that are read (a path swapped after the check is refused, not read)."""
     path = Path(path)
     dir_fd = _open_run_dir(path.parent, create=False)
     try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import math
 import shutil
 import struct
@@ -67,7 +66,9 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
                               "position (written by another version?): verify from the start")
         start_step, offset = state["step"], state["metrics_offset"]
     recorded = runlog.read_from(run_dir / layout.METRICS, offset)[0]
-    recorded_summary = _read_json(run_dir / layout.SUMMARY)
+    # the one summary reader: garbage reads as no summary, wrong-typed fields as unset
+    stored = runlog.read_summary(run_dir / layout.SUMMARY)
+    recorded_summary = stored.to_json() if stored is not None else {}
     # where the run ended: its last line, or a later stop that summary.json records
     ends = [r.get("step") for r in recorded] + [recorded_summary.get("step")]
     last_step = max((s for s in ends if isinstance(s, int)), default=start_step)
@@ -185,11 +186,3 @@ def _first_element(key: str, a: torch.Tensor, b: torch.Tensor) -> dict[str, Any]
     fa, fb = a.reshape(-1), b.reshape(-1)
     i = int((fa != fb).nonzero()[0, 0]) if (fa != fb).any() else 0  # NaN != NaN also lands here
     return {"field": f"{key}[{i}]", "recorded": fa[i].item(), "replayed": fb[i].item()}
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
