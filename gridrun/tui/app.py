@@ -21,6 +21,7 @@ from gridrun.tui.bridge import (
     RunsChanged,
     SourceNoticed,
 )
+from gridrun.tui.guard import report
 from gridrun.tui.screens.main import MainScreen
 from gridrun.tui.source import Source
 
@@ -77,6 +78,9 @@ class GridrunApp(App[None]):
 
     def on_runs_changed(self, message: RunsChanged) -> None:
         self.main.runs_changed(message.runs)
+        for screen in self.screen_stack:  # a detail screen follows its run
+            if hasattr(screen, "run_changed") and (row := self.main.table.runs.get(screen.run.id)):
+                screen.run_changed(row)
 
     def on_engine_state_changed(self, message: EngineStateChanged) -> None:
         self.main.engine_changed(message.engine)
@@ -89,7 +93,7 @@ class GridrunApp(App[None]):
 
     def on_metrics_arrived(self, message: MetricsArrived) -> None:
         for screen in self.screen_stack:
-            if hasattr(screen, "metrics_arrived"):
+            if hasattr(screen, "metrics_arrived"):  # each screen's is a guarded refresh
                 screen.metrics_arrived(message.run_id, message.records, message.reset)
 
     def known_status(self, run_id: str) -> str | None:
@@ -100,8 +104,7 @@ class GridrunApp(App[None]):
         """Every worker fails visibly, here, as a notification."""
         if event.state == WorkerState.ERROR:
             error = event.worker.error
-            self.notify(f"{event.worker.group}: {error}", title="error", severity="error",
-                        timeout=8)
+            report(self, event.worker.group, error)
             if event.worker.group == "bridge" and self.live:
                 self.set_timer(2.0, self.poll)  # keep watching after a transient error
 

@@ -202,7 +202,7 @@ async def test_filter_sort_group(make_app):
         assert table.row_count == 3 and all(table.runs[k].status == "failed" for k in table.shown)
         await pilot.press("enter", "escape")
         assert table.row_count == 24
-        await pilot.press("s")  # sort by status
+        await pilot.press("s", "s")  # the sort menu, then status
         statuses = [table.runs[i].status for i in table.order]
         assert statuses == sorted(statuses)
         await pilot.press("g")

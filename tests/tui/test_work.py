@@ -60,8 +60,9 @@ async def test_queue_order_after_sorting_keeps_the_file_order(make_app):
         await settle(pilot)
         before = list(table.order)
         assert before[-2:] == ["zz-first", "aa-second"]
-        for _ in range(len(runs_table.SORTABLE) + 1):  # every column, then queue order again
-            await pilot.press("s")
+        from gridrun.tui.screens.sort import CHOICES
+        for column in (*runs_table.SORTABLE, None):  # every column, then queue order again
+            await pilot.press("s", CHOICES[column][0])
         await settle(pilot)
         after = list(table.order)
         assert table.sort_column is None and after.index("zz-first") < after.index("aa-second")

@@ -11,6 +11,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Static
 
+from gridrun.tui.guard import refresh
 from gridrun.tui.screens.detail import QUIT
 from gridrun.tui.source import Table
 from gridrun.tui.widgets.keys import KeyBar
@@ -48,6 +49,7 @@ class CompareScreen(Screen):
         table = self.app.source.compare(self.experiment)
         self.app.call_from_thread(self.show, table)
 
+    @refresh
     def show(self, t: Table) -> None:
         if t == self.shown:
             return

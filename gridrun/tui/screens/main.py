@@ -12,6 +12,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Input
 
+from gridrun.tui.guard import refresh
 from gridrun.tui.source import ACTIVE, RETRYABLE, EngineState, Machine, RunRow
 from gridrun.tui.widgets.keys import KeyBar
 from gridrun.tui.widgets.panels import MachinePanel, StatusHeader
@@ -77,19 +78,23 @@ class MainScreen(Screen):
 
     # ---- fed by the bridge ------------------------------------------------------
 
+    @refresh
     def runs_changed(self, runs: tuple[RunRow, ...]) -> None:
         with self.app.batch_update():
             self.table.apply(runs)
         self._refresh_keys()
 
+    @refresh
     def engine_changed(self, engine: EngineState) -> None:
         self.engine = engine
         self.query_one(StatusHeader).show(str(self.app.source.root), engine)
         self._refresh_keys()
 
+    @refresh
     def machine_sampled(self, machine: Machine) -> None:
         self.query_one(MachinePanel).show(machine)
 
+    @refresh
     def clock_ticked(self) -> None:
         self.table.tick()
 
@@ -232,7 +237,17 @@ class MainScreen(Screen):
         self.refresh_bindings()
 
     def action_sort(self, reverse: bool = False) -> None:
-        self.notify(f"sorted by {self.table.cycle_sort(reverse)}", timeout=2)
+        table = self.table
+        if reverse:
+            self.notify(f"sorted by {table.sort_by(table.sort_column, not table.reverse)}"
+                        f" {'▼' if table.reverse else '▲'}", timeout=2)
+            return
+        from gridrun.tui.screens.sort import SortMenu
+
+        def done(column: str | None | bool) -> None:
+            if column is not False:
+                self.notify(f"sorted by {table.sort_by(column or None)}", timeout=2)
+        self.app.push_screen(SortMenu(table.sortable_columns(), table.sort_column), done)
 
     def action_group(self) -> None:
         self.table.grouped = not self.table.grouped

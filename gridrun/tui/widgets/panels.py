@@ -31,12 +31,12 @@ class StatusHeader(Static):
                 text.append(" paused", style="yellow")
         if engine is not None:
             text.append("  ")
+            counts = {s: fmt.whole(n) or 0 for s, n in engine.counts.items()}
             for status in ORDER:
-                n = engine.counts.get(status, 0)
-                if n:
+                if n := counts.get(status, 0):
                     glyph, style = fmt.GLYPHS[status]
                     text.append(f"{glyph}{n} ", style=style)
-            text.append(f"of {sum(engine.counts.values())}", style="dim")
+            text.append(f"of {sum(counts.values())}", style="dim")
         self.update(text)
 
 

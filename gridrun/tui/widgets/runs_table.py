@@ -45,21 +45,23 @@ GROWS = ("experiment", "variant")
 RIGHT = frozenset({"seed", "loss", "best", "samples/s", "elapsed", "eta", "prio"})
 MAX_WIDTH = 32
 GAP = 1  # blank cells between two columns
-# What each column sorts by (a tuple, so missing values sort last).
+# What each column sorts by: fmt.rank keys, so a value of the wrong type sorts
+# (after the numbers) instead of raising.
+R = fmt.rank
 SORT_KEYS: dict[str, Callable[[RunRow, float], tuple]] = {
-    "status": lambda r, now: (r.status,),
-    "id": lambda r, now: (r.id,),
-    "experiment": lambda r, now: (r.experiment, r.variant, r.seed),
-    "variant": lambda r, now: (r.variant, r.seed),
-    "seed": lambda r, now: (r.seed,),
-    "progress": lambda r, now: (r.step / r.total_steps if r.total_steps else r.step,),
-    "loss": lambda r, now: (r.train_loss is None, r.train_loss or 0.0),
-    "best": lambda r, now: (r.best is None, r.best or 0.0),
-    "samples/s": lambda r, now: (r.samples_per_s is None, -(r.samples_per_s or 0.0)),
-    "slot": lambda r, now: (r.slot or "~",),
-    "elapsed": lambda r, now: (-(fmt.elapsed(r, now) or 0.0),),
-    "eta": lambda r, now: (fmt.eta(r, now) is None, fmt.eta(r, now) or 0.0),
-    "prio": lambda r, now: (-r.priority, r.queued_at),
+    "status": lambda r, now: (R(r.status),),
+    "id": lambda r, now: (R(r.id),),
+    "experiment": lambda r, now: (R(r.experiment), R(r.variant), R(r.seed)),
+    "variant": lambda r, now: (R(r.variant), R(r.seed)),
+    "seed": lambda r, now: (R(r.seed),),
+    "progress": lambda r, now: (R(fmt.fraction(r)), R(r.step)),
+    "loss": lambda r, now: (R(r.train_loss),),
+    "best": lambda r, now: (R(r.best),),
+    "samples/s": lambda r, now: (R(-(fmt.finite(r.samples_per_s) or 0.0)),),
+    "slot": lambda r, now: (R(r.slot or "~"),),
+    "elapsed": lambda r, now: (R(-(fmt.elapsed(r, now) or 0.0)),),
+    "eta": lambda r, now: (R(fmt.eta(r, now)),),
+    "prio": lambda r, now: (R(-(fmt.finite(r.priority) or 0.0)), R(r.queued_at)),
 }
 SORTABLE = tuple(SORT_KEYS)
 STATUS_STYLES = {s: Style.parse(style) for s, (_, style) in fmt.GLYPHS.items()}
@@ -67,10 +69,16 @@ PLAIN = Style()  # never None: line filters (NO_COLOR's monochrome) read every s
 
 
 def cells(r: RunRow, now: float, marked: bool) -> tuple[str, ...]:
-    return ("●" if marked else " ", fmt.status(r.status).plain, r.id, r.experiment,
-            r.variant or "-", str(r.seed), fmt.progress(r), fmt.num(r.train_loss), fmt.num(r.best),
-            fmt.num(r.samples_per_s, 3), r.slot or "", fmt.duration(fmt.elapsed(r, now)),
-            fmt.duration(fmt.eta(r, now)), str(r.priority) if r.priority else "")
+    return ("●" if marked else " ", fmt.status(r.status).plain, fmt.text(r.id),
+            fmt.text(r.experiment), fmt.text(r.variant or "-"), fmt.text(r.seed), fmt.progress(r),
+            fmt.num(r.train_loss), fmt.num(r.best), fmt.num(r.samples_per_s, 3),
+            fmt.text(r.slot or ""), fmt.duration(fmt.elapsed(r, now)),
+            fmt.duration(fmt.eta(r, now)), fmt.num(r.priority) if r.priority else "")
+
+
+def queue_order(r: RunRow, arrival: int) -> tuple:
+    """The engine's order: priority, then first queued (then first read)."""
+    return (-(fmt.finite(r.priority) or 0.0), fmt.finite(r.queued_at) or 0.0, arrival)
 
 
 def matches(r: RunRow, needle: str) -> bool:
@@ -258,27 +266,30 @@ class RunsTable(ScrollView, can_focus=True):
         if current is not None and current.id in self.position:
             self.move_cursor(row=self.position[current.id])
 
-    def cycle_sort(self, reverse: bool = False) -> str:
-        if reverse:
-            self.reverse = not self.reverse
-        else:
-            order = (None, *SORTABLE)
-            self.sort_column = order[(order.index(self.sort_column) + 1) % len(order)]
+    def sortable_columns(self) -> tuple[str, ...]:
+        return SORTABLE
+
+    def sort_by(self, column: str | None, reverse: bool | None = None) -> str:
+        """Sort by `column` (None: queue order) and show the top of the sort."""
+        self.sort_column = column
+        if reverse is not None:
+            self.reverse = reverse
         self.resort()
-        return self.sort_column or "queue order"
+        self.move_cursor(row=0)
+        self.scroll_to(y=0, animate=False)
+        return column or "queue order"
 
     def resort(self) -> None:
         now, col = self.clock(), self.sort_column
 
         def key(run_id: str) -> tuple:
             r = self.runs[run_id]
-            own = SORT_KEYS[col](r, now) if col else (-r.priority, r.queued_at, self.arrival[r.id])
-            return own
+            return SORT_KEYS[col](r, now) if col else queue_order(r, self.arrival[r.id])
 
         current = self.current
         self.order = sorted(self.shown, key=key, reverse=self.reverse)
         if self.grouped:  # groups stay in name order whichever way the rows go
-            self.order.sort(key=lambda i: self.runs[i].experiment)
+            self.order.sort(key=lambda i: fmt.rank(self.runs[i].experiment))
         self._reindex()
         if current is not None and current.id in self.position:
             self.move_cursor(row=self.position[current.id])
