@@ -19,6 +19,7 @@ from gridrun.tui.bridge import (
     GpuSampled,
     MetricsArrived,
     RunsChanged,
+    RunsRemoved,
     SourceNoticed,
 )
 from gridrun.tui.guard import report
@@ -34,11 +35,12 @@ class GridrunApp(App[None]):
     ENABLE_COMMAND_PALETTE = False
 
     def __init__(self, source: Source, *, clock: Callable[[], float] = time.time,
-                 interval: float = 0.33, live: bool = True) -> None:
+                 interval: float = 0.33, live: bool = True, persist: bool | None = None) -> None:
         super().__init__()
         self.source, self.clock, self.interval = source, clock, interval
         self.bridge = Bridge(source)
         self.live = live  # snapshot tests: one poll, no clock ticks
+        self.persist = live if persist is None else persist  # ROOT/tui-state.json (state.py)
         self.ticks = 0  # bridge ticks done (tests wait on it)
         self.queue_on_start: str | None = None  # `gridrun tui FILE`
 
@@ -82,6 +84,9 @@ class GridrunApp(App[None]):
             if hasattr(screen, "run_changed") and (row := self.main.table.runs.get(screen.run.id)):
                 screen.run_changed(row)
 
+    def on_runs_removed(self, message: RunsRemoved) -> None:
+        self.main.runs_removed(message.ids)
+
     def on_engine_state_changed(self, message: EngineStateChanged) -> None:
         self.main.engine_changed(message.engine)
 
@@ -113,4 +118,9 @@ class GridrunApp(App[None]):
         self.push_screen(HelpScreen())
 
     def action_quit(self) -> None:
+        if self.persist:
+            try:
+                self.main.save_state()
+            except Exception as error:  # never keep someone from quitting
+                report(self, "saving the view", error)
         self.exit(message=GOODBYE)

@@ -46,6 +46,7 @@ def _row(run: Run) -> RunRow:
         total_steps=s.total_steps, epoch=s.epoch or 0,
         epochs=run.config.get("trainer", {}).get("epochs"), train_loss=s.train_loss,
         best=s.best_value, best_name=s.early_stop_metric or "",
+        best_direction=s.metrics.get(s.early_stop_metric or "", ""),
         samples_per_s=s.samples_per_s, slot=run.slot, queued_at=run.queued_at,
         started_at=run.started_at, ended_at=run.ended_at, note=run.note)
 
@@ -70,7 +71,7 @@ class Live:
     def merge(self, row: RunRow) -> RunRow:
         p = self.progress
         row = replace(row, total_steps=p.total_steps or row.total_steps, best=p.best,
-                      best_name=p.metric or "", ends_at=p.ends_at)
+                      best_name=p.metric or "", best_direction=p.direction or "", ends_at=p.ends_at)
         if not p.lines:  # nothing logged yet
             return row
         return replace(row, step=p.step, epoch=p.epoch, train_loss=p.train_loss,
@@ -83,6 +84,7 @@ class StoreSource:
         self.python = python
         self.store = Store(self.root)
         self.seq = 0
+        self.removed_seq = 0  # removals read (store.removed_since)
         self.rows: dict[str, RunRow] = {}
         self.live: dict[str, Live] = {}
         self._telemetry_t = 0.0
@@ -97,6 +99,11 @@ class StoreSource:
     # ---- polling ------------------------------------------------------------------
 
     def poll(self) -> Update:
+        first = self.seq == 0 and self.removed_seq == 0
+        gone, self.removed_seq = self.store.removed_since(self.removed_seq)
+        gone = () if first else tuple(i for i in gone if self.rows.pop(i, None) is not None)
+        for run_id in gone:
+            self.live.pop(run_id, None)
         changed, self.seq = self.store.changes_since(self.seq)  # the first read: queue order
         out: dict[str, RunRow] = {}
         for run in changed:
@@ -111,7 +118,7 @@ class StoreSource:
                 out[run_id] = self.rows[run_id] = live.merge(self.rows[run_id])
         notice, self._first = (lost_queue_warning(self.root, self.store) if self._first else None), False
         return Update(runs=tuple(out.values()), engine=self._engine_state(),
-                      machine=self._machine(), notice=notice)
+                      machine=self._machine(), notice=notice, removed=gone)
 
     def _engine_state(self) -> EngineState | None:
         from gridrun.engine import daemon
@@ -199,6 +206,17 @@ class StoreSource:
     def bump_priority(self, ids: Sequence[str], delta: int) -> str:
         self.store.set_priority(ids, delta, relative=True)
         return f"priority {delta:+d} for {len(ids)} run{'s' * (len(ids) != 1)}"
+
+    def remove(self, ids: Sequence[str], delete_folders: bool = False) -> str:
+        """`gridrun rm`: queued and ended runs leave the store; folders kept unless asked."""
+        from gridrun.engine.rundirs import remove_runs
+
+        out = remove_runs(self.store, self.root, list(ids), delete_folders=delete_folders)
+        done = [i for i, o in out.items() if o.startswith("removed")]
+        refused = [f"{i}: {o}" for i, o in out.items() if not o.startswith("removed")]
+        folders = " and their folders" if delete_folders else " (folders kept)"
+        text = f"removed {len(done)} run{'s' * (len(done) != 1)}{folders if done else ''}"
+        return "; ".join([text, *refused[:2]]) + (f" (+{len(refused) - 2} more)" if len(refused) > 2 else "")
 
     def set_paused(self, paused: bool) -> str:
         (self.store.pause if paused else self.store.resume)()

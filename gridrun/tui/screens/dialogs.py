@@ -36,6 +36,33 @@ class Confirm(ModalScreen[bool]):
         self.dismiss(yes)
 
 
+class RemoveConfirm(ModalScreen[str | None]):
+    """x: remove runs from the store; `y` keeps their folders, `D` deletes them too."""
+
+    CSS_PATH = "dialogs.tcss"
+    BINDINGS: ClassVar = [Binding("y", "answer('keep')", "remove, keep folders"),
+                          Binding("D", "answer('delete')", "remove and delete folders"),
+                          Binding("n,escape", "answer(None)", "no")]
+
+    def __init__(self, ids: list[str], running: int = 0) -> None:
+        super().__init__()
+        self.ids, self.running = ids, running
+
+    def compose(self) -> ComposeResult:
+        n = len(self.ids)
+        which = ", ".join(self.ids[:3]) + ("…" if n > 3 else "")
+        skipped = (f" ({self.running} running run{'s' * (self.running != 1)} left alone: "
+                   "cancel first)") if self.running else ""
+        with Vertical(classes="dialog"):
+            yield Label(f"Remove {n} run{'s' * (n != 1)} ({which}) from the queue and the store?"
+                        f"{skipped}")
+            yield Label("y: remove, keep folders   D: remove and delete folders   n / esc: no",
+                        classes="hint")
+
+    def action_answer(self, answer: str | None) -> None:
+        self.dismiss(answer)
+
+
 class Prompt(ModalScreen[str | None]):
     """A one-line answer. With `submit`, enter calls it (in a worker) with the answer:
     its return value is the dialog's result; what it raises (a ValueError saying what
