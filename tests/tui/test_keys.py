@@ -206,7 +206,7 @@ async def test_filter_sort_group(make_app):
         statuses = [table.runs[i].status for i in table.order]
         assert statuses == sorted(statuses)
         await pilot.press("g")
-        exps = [table.runs[i].experiment for i in table.order]
+        exps = [table.runs[i].experiment for i in table.run_order]
         assert exps == sorted(exps)
 
 

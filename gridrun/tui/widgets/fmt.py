@@ -123,7 +123,7 @@ def count(n: Any) -> str:
     return f"{n / 1_000_000_000:.3g}G"
 
 
-PROGRESS_WIDTH = 18  # the runs table's progress column
+PROGRESS_WIDTH = 15  # the runs table's progress column
 
 
 def fraction(r: RunRow) -> float | None:
