@@ -231,6 +231,11 @@ class StoreSource:
         return (done.stdout or done.stderr).strip() or "engine started"
 
     def plan(self, path: str) -> Plan:
+        target = Path(path).expanduser()
+        if not target.exists():
+            return Plan(path, errors=f"{path}: no such file")
+        if target.is_dir():
+            return Plan(path, errors=f"{path} is a folder: give an experiment file (TOML)")
         done = self._gridrun("plan", "--json", path)
         if done.returncode != 0:
             return Plan(path, errors=(done.stderr or done.stdout).strip() or "invalid file")
