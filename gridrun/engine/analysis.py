@@ -56,11 +56,18 @@ def welch_p(x: np.ndarray, y: np.ndarray) -> float:
     return float(2 * special.stdtr(1.0 if np.isnan(dof) else dof, -np.abs(t)))
 
 
-def _grouping(sub: pd.DataFrame, config_cols: list[str], by: list[str] | None) -> list[str]:
+def _grouping(sub: pd.DataFrame, config_cols: list[str], by: list[str] | None,
+              axes: Iterable[str] = ()) -> list[str]:
+    """The keys a table groups by: `by`, else the config keys that vary, among the
+    matrix's axes when the runs name them (a resolved setting such as `precision`,
+    which reads differently before and after a run, is not an axis)."""
     if by:
         return by
+    axes = set(axes)
+
     def varying(rows: pd.DataFrame) -> list[str]:
-        return [c for c in config_cols if c in rows and rows[c].nunique(dropna=False) > 1]
+        return [c for c in config_cols if c in rows and (not axes or c in axes)
+                and rows[c].nunique(dropna=False) > 1]
     if (sub["ablation"].fillna("") != "").any():
         # the axes of an ablation are its names; only grid axes of the baseline add to them
         return ["ablation", *varying(sub[sub["ablation"] == "baseline"])]
@@ -92,6 +99,7 @@ def _ablation_table(frame: pd.DataFrame, experiment: str | None, by: Iterable[st
     directions = dict(frame.attrs.get("directions", {}))
     all_metrics = list(frame.attrs.get("metrics", []))
     config_cols = list(frame.attrs.get("config_columns", []))
+    axes = list(frame.attrs.get("axes", []))
     frame = frame.copy(deep=False)
     frame.attrs = {}  # pandas deep-copies attrs into every selection: thousands here
     kind = "final" if final else "best"
@@ -118,7 +126,7 @@ def _ablation_table(frame: pd.DataFrame, experiment: str | None, by: Iterable[st
     all_keys: dict[str, None] = {}
     for exp in dict.fromkeys(frame["experiment"]):
         sub = frame[frame["experiment"] == exp]
-        keys = _grouping(sub, config_cols, by)
+        keys = _grouping(sub, config_cols, by, axes)
         all_keys.update(dict.fromkeys(keys))
         # whole columns as arrays, each cell a set of row positions: per-cell pandas
         # objects cost about a millisecond a cell

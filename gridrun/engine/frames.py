@@ -110,6 +110,7 @@ class _Entry:
     row: dict[str, Any]
     config_keys: list[str]
     directions: dict[str, str] = field(default_factory=dict)  # declared by its summary
+    axes: list[str] = field(default_factory=list)  # the keys its experiment's matrix varies
     notes: list[str] = field(default_factory=list)
 
 
@@ -125,7 +126,7 @@ def _entry(spec: RunSpec, folder: Path | None, status: str | None,
     row: dict[str, Any] = {**config, "id": spec.id, "experiment": spec.experiment,
                            "variant": spec.variant, "ablation": spec.ablation, "seed": spec.seed,
                            "task": spec.task}
-    entry = _Entry(row, list(config))
+    entry = _Entry(row, list(config), axes=list(spec.axes))
     if summary is None and folder is not None:
         read = runlog.read_summary(folder / layout.SUMMARY)
         summary = read.to_json() if read is not None else None
@@ -320,8 +321,10 @@ def _frame(entries: list[_Entry], skipped: list[str]) -> pd.DataFrame:
     directions: dict[str, str] = {}
     notes: list[str] = []
     config_columns: dict[str, None] = {}
+    axes: dict[str, None] = {}
     for e in entries:
         config_columns.update(dict.fromkeys(e.config_keys))
+        axes.update(dict.fromkeys(e.axes))
         for name, direction in e.directions.items():
             directions.setdefault(name, direction)
         notes.extend(e.notes)
@@ -340,7 +343,7 @@ def _frame(entries: list[_Entry], skipped: list[str]) -> pd.DataFrame:
     rest = [c for c in frame.columns if c not in front and c not in config_cols]
     frame = frame[front + config_cols + rest]
     frame.attrs.update(directions=directions, metrics=list(metrics), skipped=skipped,
-                       config_columns=config_cols, notes=notes)
+                       config_columns=config_cols, notes=notes, axes=list(axes))
     return frame
 
 

@@ -61,8 +61,12 @@ def table_cells(table: pd.DataFrame, pm: str = " ± ", esc: Any = lambda text: t
         header.append(f"{esc(m)} {arrow}")
         if deltas and f"{m}_delta" in table:
             header += [f"Δ {esc(m)}", "p"]
+    records_ = table.to_dict("records")
+    # a metric's deltas share one precision down the column (the finest its cells need)
+    precision = {m: max((_decimals(r[f"{m}_mean"], r[f"{m}_std"]) for r in records_
+                         if not _missing(r[f"{m}_mean"])), default=2) for m in metrics}
     rows, best = [], set()
-    for i, r in enumerate(table.to_dict("records")):
+    for i, r in enumerate(records_):
         cells = [*([esc(str(r["experiment"]))] if show_exp else []),
                  *("" if _missing(r[k]) else esc(str(r[k])) for k in keys), str(r["seeds"])]
         for m in metrics:
@@ -75,7 +79,7 @@ def table_cells(table: pd.DataFrame, pm: str = " ± ", esc: Any = lambda text: t
             if deltas and f"{m}_delta" in table:
                 delta, rel, p = r[f"{m}_delta"], r[f"{m}_delta_rel"], r[f"{m}_p"]
                 cells.append("" if _missing(delta) else esc(
-                    f"{delta:+.{d}f}" + ("" if _missing(rel) else f" ({rel:+.1%})")))
+                    f"{delta:+.{precision[m]}f}" + ("" if _missing(rel) else f" ({rel:+.1%})")))
                 cells.append("" if _missing(p) else f"{p:.2g}" if p >= 0.001 else esc("<0.001"))
         rows.append(tuple(cells))
     return Cells(tuple(header), tuple(rows), frozenset(best))

@@ -51,6 +51,14 @@ def _row(run: Run) -> RunRow:
         started_at=run.started_at, ended_at=run.ended_at, note=run.note)
 
 
+def named(header: tuple[str, ...], value: str | None) -> tuple[str, ...]:
+    """The compare screen's headers say what the numbers are: `best val loss ↓`
+    (or `final loss ↓`), and `Welch p` for the test behind p."""
+    kind = "final" if value == "final" else "best val"
+    return tuple("Welch p" if h == "p" else f"{kind} {h}" if h.endswith(("↓", "↑"))
+                 and not h.startswith("Δ") else h for h in header)
+
+
 class Live:
     """A running run's metrics log, folded as it grows (see engine/progress.py)."""
 
@@ -352,7 +360,7 @@ class StoreSource:
         shown = self._shown.get(experiment)
         if shown is None or shown[0] is not t:
             c = tables.table_cells(t)
-            table = Table(experiment, c.header, c.rows, c.best,
+            table = Table(experiment, named(c.header, t.attrs.get("value")), c.rows, c.best,
                           note="\n".join([tables.legend(t, "bold:"), *t.attrs["notes"]]))
             same = shown is not None and shown[1] == table  # e.g. a live run's log grew
             shown = self._shown[experiment] = (t, shown[1] if same else table)

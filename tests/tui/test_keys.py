@@ -1,5 +1,7 @@
 """Pilot tests: press every key and check what changed (source actions, screens, widgets)."""
 
+from pathlib import Path
+
 from tui_helpers import aio, settle, until
 
 from gridrun.tui.app import GOODBYE
@@ -183,7 +185,7 @@ async def test_compare_and_export(make_app, tmp_path):
         assert app.screen.query_one("DataTable").row_count == 4
         await pilot.press("j", "e")
         prompt = app.screen
-        assert prompt.query_one("Input").value == "/tmp/gridrun-demo/lr-sweep.csv"
+        assert prompt.query_one("Input").value == str(Path.cwd() / "lr-sweep.csv")  # not the root
         prompt.query_one("Input").value = str(tmp_path / "out.csv")
         await pilot.press("enter")
         await until(pilot, lambda: (tmp_path / "out.csv").exists())

@@ -127,7 +127,7 @@ def test_queue_watch_compare_export_quit_in_tmux(tmp_path):
         finally:
             daemon.stop(root, force=True)
 
-    table = pd.read_csv(root / "tricks.csv")
+    table = pd.read_csv(work / "tricks.csv")  # the export's default: the current folder
     assert list(table["ablation"]) == ["baseline", "sgd"]
     assert list(table["n"]) == [2, 2]
     assert {"loss_mean", "loss_std", "accuracy_mean", "loss_delta", "loss_p"} <= set(table.columns)

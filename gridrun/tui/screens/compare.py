@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 from rich.text import Text
@@ -41,6 +42,7 @@ class CompareScreen(Screen):
         yield KeyBar(("export", "app.pop_screen", "app.help", "app.quit"))
 
     def on_mount(self) -> None:
+        self.query_one(DataTable).loading = True  # until the first table is built
         self.load()
         self.set_interval(2.0, self.load)
 
@@ -51,10 +53,11 @@ class CompareScreen(Screen):
 
     @refresh
     def show(self, t: Table) -> None:
+        dt = self.query_one(DataTable)
+        dt.loading = False
         if t == self.shown:
             return
         self.shown = t
-        dt = self.query_one(DataTable)
         row = dt.cursor_row
         dt.clear(columns=True)
         dt.add_columns(*t.columns)
@@ -73,7 +76,7 @@ class CompareScreen(Screen):
 
     def action_export(self) -> None:
         from gridrun.tui.screens.dialogs import Prompt
-        default = str(self.app.source.root / f"{self.experiment}.csv")
+        default = str(Path.cwd() / f"{self.experiment}.csv")  # where the user is, not the root
 
         def done(path: str | None) -> None:
             if path:
