@@ -102,8 +102,12 @@ async def test_marks_overlay_and_detail(make_app):
         await pilot.press("v")
         assert isinstance(app.screen, OverlayScreen)
         await until(pilot, lambda: all(d.series for d in app.screen.data.values()))
-        await pilot.press("m", "l")
-        assert app.screen.log_scale
+        await pilot.press("m")  # a menu of the logged metrics
+        assert "val loss" in app.screen.choices
+        await pilot.press("down", "enter", "l")
+        assert app.screen.log_scale and app.screen.chosen is not None
+        legend = app.screen.query_one("Curves").legend.plain
+        assert all(f"seed {r.seed}" in legend for r in app.screen.runs)
         await pilot.press("escape", "escape")  # back; esc again clears the marks
         assert not app.main.table.marked
         await pilot.press("enter")

@@ -84,5 +84,5 @@ async def test_smoothing_keys_and_overlay_defaults_to_validation(make_app):
         assert isinstance(app.screen, OverlayScreen)
         await until(pilot, lambda: all(d.series for d in app.screen.data.values()))
         assert app.screen.metric == "val accuracy"  # the runs' tracked metric (best_name)
-        await pilot.press("m")
+        await pilot.press("m", "down", "enter")
         assert app.screen.metric != "val accuracy"

@@ -391,6 +391,7 @@ class OverlayScreen(Smoothing, Screen):
         for r in self.runs:
             self.app.bridge.unwatch(r.id)
 
+    @refresh
     def metrics_arrived(self, run_id: str, records: tuple[dict[str, Any], ...], reset: bool) -> None:
         if run_id in self.data:
             if reset:
@@ -398,18 +399,29 @@ class OverlayScreen(Smoothing, Screen):
             self.data[run_id].add(records)
             self.redraw()
 
+    @refresh
     def redraw(self) -> None:
-        series = {f"{r.id} {r.variant}"[:40]: self.data[r.id].series.get(self.metric, [])
+        # the legend names each run by its variant and seed (and id: two runs may share both)
+        series = {f"{fmt.text(r.variant or r.experiment, 28)} seed {fmt.text(r.seed)} "
+                  f"({fmt.text(r.id)[:6]})": self.data[r.id].series.get(self.metric, [])
                   for r in self.runs}
         self.query_one(Curves).draw(self.metric, series, log=self.log_scale,
                                     smoothing=0.0 if self.metric == "lr" else self.smoothing)
 
     def action_metric(self) -> None:
-        names = sorted({n for d in self.data.values() for n in d.series} - {"lr"})
-        if names:
-            i = names.index(self.metric) + 1 if self.metric in names else 0
-            self.chosen = names[i % len(names)]
-            self.redraw()
+        """A menu of the metrics the runs logged."""
+        from gridrun.tui.screens.sort import ChoiceMenu
+
+        names = sorted({n for d in self.data.values() for n in d.series})
+        if not names:
+            self.notify("no metrics logged yet", timeout=2)
+            return
+
+        def done(name: str | None) -> None:
+            if name:
+                self.chosen = name
+                self.redraw()
+        self.app.push_screen(ChoiceMenu("metric to overlay", names, self.metric), done)
 
     def action_log(self) -> None:
         self.log_scale = not self.log_scale

@@ -59,3 +59,26 @@ class SortMenu(ModalScreen[str | None | bool]):
                 event.stop()
                 self.dismiss(column)
                 return
+
+
+class ChoiceMenu(ModalScreen[str | None]):
+    """A short list to pick one from (the overlay's metrics): enter picks, esc leaves it."""
+
+    CSS_PATH = "dialogs.tcss"
+    BINDINGS: ClassVar = [Binding("escape", "dismiss(None)", "cancel")]
+
+    def __init__(self, title: str, choices: list[str], current: str | None = None) -> None:
+        super().__init__()
+        self.heading, self.choices, self.current = title, choices, current
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog menu"):
+            yield Label(self.heading)
+            menu = OptionList(*(Option(c, id=str(i)) for i, c in enumerate(self.choices)),
+                              id="choice-menu")
+            menu.highlighted = self.choices.index(self.current) if self.current in self.choices else 0
+            yield menu
+
+    @on(OptionList.OptionSelected)
+    def chosen(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(self.choices[int(event.option.id)])
