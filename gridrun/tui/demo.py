@@ -71,7 +71,7 @@ def source(n: int = 24, *, gpus: bool = True) -> FakeSource:
     failed = next((r for r in all_rows if r.status == "failed"), all_rows[0])
     plan_runs = tuple({"id": r.id, "experiment": r.experiment, "variant": r.variant, "seed": r.seed}
                       for r in all_rows[:6])
-    table = Table("lr-sweep", ("lr", "hidden", "seeds", "accuracy", "loss"),
+    table = Table("lr-sweep", ("lr", "hidden", "seeds", "best val accuracy ↑", "best val loss ↓"),
                   (("0.001", "64", "3", "0.912 ± 0.004", "0.231 ± 0.01"),
                    ("0.001", "256", "2/3", "0.934 ± 0.003", "0.198 ± 0.02"),
                    ("0.0003", "64", "3", "0.874 ± 0.006", "0.301 ± 0.01"),

@@ -193,7 +193,7 @@ async def test_compare_and_export(make_app, tmp_path):
         prompt.query_one("Input").value = str(tmp_path / "out.csv")
         await pilot.press("enter")
         await until(pilot, lambda: (tmp_path / "out.csv").exists())
-        assert (tmp_path / "out.csv").read_text().startswith("lr,hidden,seeds,accuracy,loss\n")
+        assert (tmp_path / "out.csv").read_text().startswith("lr,hidden,seeds,best val accuracy ↑,best val loss ↓\n")
         assert ("export", "lr-sweep", str(tmp_path / "out.csv")) in src.actions
 
 

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual_plotext import PlotextPlot
 
+from gridrun.tui._plotext_hacks import plot_size
+
 Series = list[tuple[float, float]]
 COLORS = ("blue+", "green+", "red+", "cyan+", "magenta+", "yellow", "gray", "blue", "green", "red")
 # the same colours in Rich's words, for the legend under the plot
@@ -145,9 +147,9 @@ class Curves(PlotextPlot):
         if legend is None or height < 4:
             return super().render()
         plot = self.plt
-        plot.plotsize(self.size.width, height - 1)
+        plot_size(plot, self.size.width, height - 1)
         plot.theme(self._get_plotext_theme_name(self.app.theme))
-        out = Text.from_ansi(plot.build())
+        out = Text.from_ansi(plot.build().rstrip("\n"))
         legend = legend.copy()
         legend.truncate(self.size.width, overflow="ellipsis")
         return Text("\n").join([out, legend])

@@ -88,7 +88,7 @@ def rows(summary: Mapping[str, Any] | None) -> list[tuple[str, str]]:
     """(name, shown value) for each field the run set (None, [] and {} say nothing)."""
     out = []
     for key, v in (summary or {}).items():
-        if key in HIDDEN or v is None or (isinstance(v, list | tuple | dict) and not v):
+        if key in HIDDEN or v is None or v == "" or (isinstance(v, list | tuple | dict) and not v):
             continue
         out.append((name(str(key)), value(str(key), v)))
     return out
