@@ -8,6 +8,7 @@ end it with a non-zero exit status (see commands/tui.py).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -44,11 +45,9 @@ def report(app: Any, where: str, error: BaseException) -> None:
     path = log_path(app)
     logged = write_log(path, where, error)
     more = f"; details in {path}" if logged else ""
-    try:
+    with contextlib.suppress(Exception):
         app.notify(f"{where}: {type(error).__name__}: {error}{more}", title="error",
                    severity="error", timeout=10)
-    except Exception:  # noqa: S110 - reporting must never raise in its turn
-        pass
 
 
 def refresh(fn: F) -> F:

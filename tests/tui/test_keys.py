@@ -6,9 +6,10 @@ from tui_helpers import aio, settle, until
 
 from gridrun.tui.app import GOODBYE
 from gridrun.tui.screens.compare import CompareScreen
-from gridrun.tui.screens.detail import DetailScreen, OverlayScreen
+from gridrun.tui.screens.detail import DetailScreen
 from gridrun.tui.screens.dialogs import Confirm, Prompt, QueueScreen
 from gridrun.tui.screens.help import HelpScreen
+from gridrun.tui.screens.overlay import OverlayScreen
 from gridrun.tui.widgets import runs_table
 
 

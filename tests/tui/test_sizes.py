@@ -3,7 +3,8 @@
 import pytest
 from tui_helpers import aio, settle, until
 
-from gridrun.tui.screens.detail import DetailScreen, OverlayScreen
+from gridrun.tui.screens.detail import DetailScreen
+from gridrun.tui.screens.overlay import OverlayScreen
 from gridrun.tui.widgets import fmt
 from gridrun.tui.widgets.curves import SMOOTHING, ema, step_smoothing
 from gridrun.tui.widgets.keys import KeyBar

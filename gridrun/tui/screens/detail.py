@@ -1,4 +1,5 @@
-"""One run in depth (curves, config, output, summary, traceback), and marked runs overlaid."""
+"""One run in depth, followed live: curves, output, summary, config, traceback (the
+marked runs overlaid are in overlay.py)."""
 
 from __future__ import annotations
 
@@ -18,16 +19,20 @@ from gridrun.engine.states import FINISHED
 from gridrun.tui.guard import refresh
 from gridrun.tui.source import ACTIVE, RunDetail, RunRow, Verdict
 from gridrun.tui.widgets import fmt
-from gridrun.tui.widgets.summary import table as summary_table
-from gridrun.tui.widgets.textview import TextView
 from gridrun.tui.widgets.curves import DEFAULT_SMOOTHING, Curves, Series, step_smoothing
 from gridrun.tui.widgets.keys import KeyBar
+from gridrun.tui.widgets.summary import table as summary_table
+from gridrun.tui.widgets.textview import TextView
 
 QUIT = Binding("q", "app.quit", "quit", tooltip="the engine keeps running")
 SMOOTH_KEYS = [Binding("right_square_bracket", "smooth(1)", "smooth+", key_display="]"),
                Binding("left_square_bracket", "smooth(-1)", "smooth-", key_display="[")]
 FIRST = ("back", "app.pop_screen", "search", "smooth(1)", "smooth(-1)", "metric", "log",
          "wall_clock", "export_model", "app.help", "app.quit")
+
+
+UNITS = {"step_time": " (seconds per step)", "samples_per_s": " (samples/s)",
+         "tokens_per_s": " (tokens/s)"}  # what a curve's numbers are in, where it has a unit
 
 
 class Smoothing:
@@ -299,9 +304,7 @@ class DetailScreen(Smoothing, Screen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "export_model":  # a finished run's best.pt; greyed out before
             return True if self.run.status in FINISHED else None
-        if isinstance(self.focused, Input) and action not in ("back", "app.quit"):
-            return False
-        return True
+        return not (isinstance(self.focused, Input) and action not in ("back", "app.quit"))
 
     def action_export_model(self) -> None:
         self.notify(f"exporting {self.run.id} and checking parity …", timeout=4)
@@ -346,83 +349,3 @@ def waiting(main: Any, run_id: str) -> Text:
         why = f"a free slot ({running} running)"
     return Text.assemble(("queued", "bold"), f": {where}; waits for {why}.\n\n",
                          ("Curves, output and summary appear here once it starts.", "dim"))
-
-
-class OverlayScreen(Smoothing, Screen):
-    """Marked runs' curves in one plot with a legend; `m` picks the metric, which
-    starts as the validation metric the runs track (their best column's)."""
-
-    CSS_PATH = "detail.tcss"
-    BINDINGS: ClassVar = [
-        Binding("m", "metric", "metric"),
-        *SMOOTH_KEYS,
-        Binding("l", "log", "log scale"),
-        Binding("escape,backspace", "app.pop_screen", "back"),
-        Binding("question_mark", "app.help", "help", key_display="?"),
-        QUIT,
-    ]
-
-    def __init__(self, runs: list[RunRow]) -> None:
-        super().__init__()
-        self.runs = runs
-        self.data = {r.id: CurveData() for r in runs}
-        self.chosen: str | None = None  # set by `m`; until then the validation metric
-        self.log_scale = False
-
-    @property
-    def metric(self) -> str:
-        if self.chosen:
-            return self.chosen
-        names = {n for d in self.data.values() for n in d.series}
-        tracked = [f"val {r.best_name}" for r in self.runs if r.best_name]
-        val = sorted(n for n in names if n.startswith("val "))
-        return next((n for n in [*tracked, "val loss", *val] if n in names), "train loss")
-
-    def compose(self) -> ComposeResult:
-        yield Curves(id="overlay")
-        yield KeyBar(FIRST)
-
-    def on_mount(self) -> None:
-        for r in self.runs:
-            self.app.bridge.watch(r.id)
-        self.app.nudge()
-
-    def on_unmount(self) -> None:
-        for r in self.runs:
-            self.app.bridge.unwatch(r.id)
-
-    @refresh
-    def metrics_arrived(self, run_id: str, records: tuple[dict[str, Any], ...], reset: bool) -> None:
-        if run_id in self.data:
-            if reset:
-                self.data[run_id] = CurveData()
-            self.data[run_id].add(records)
-            self.redraw()
-
-    @refresh
-    def redraw(self) -> None:
-        # the legend names each run by its variant and seed (and id: two runs may share both)
-        series = {f"{fmt.text(r.variant or r.experiment, 28)} seed {fmt.text(r.seed)} "
-                  f"({fmt.text(r.id)[:6]})": self.data[r.id].series.get(self.metric, [])
-                  for r in self.runs}
-        self.query_one(Curves).draw(self.metric, series, log=self.log_scale,
-                                    smoothing=0.0 if self.metric == "lr" else self.smoothing)
-
-    def action_metric(self) -> None:
-        """A menu of the metrics the runs logged."""
-        from gridrun.tui.screens.sort import ChoiceMenu
-
-        names = sorted({n for d in self.data.values() for n in d.series})
-        if not names:
-            self.notify("no metrics logged yet", timeout=2)
-            return
-
-        def done(name: str | None) -> None:
-            if name:
-                self.chosen = name
-                self.redraw()
-        self.app.push_screen(ChoiceMenu("metric to overlay", names, self.metric), done)
-
-    def action_log(self) -> None:
-        self.log_scale = not self.log_scale
-        self.redraw()

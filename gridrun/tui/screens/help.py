@@ -31,8 +31,9 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         from gridrun.tui.screens.compare import CompareScreen
-        from gridrun.tui.screens.detail import DetailScreen, OverlayScreen
+        from gridrun.tui.screens.detail import DetailScreen
         from gridrun.tui.screens.main import MainScreen
+        from gridrun.tui.screens.overlay import OverlayScreen
         from gridrun.tui.screens.sort import CHOICES
         from gridrun.tui.widgets.runs_table import RunsTable
         from gridrun.tui.widgets.textview import TextView

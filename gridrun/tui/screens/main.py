@@ -14,8 +14,8 @@ from textual.widgets import Input
 
 from gridrun.tui import state
 from gridrun.tui.guard import refresh
-from gridrun.tui.state import Saved
 from gridrun.tui.source import ACTIVE, RETRYABLE, EngineState, Machine, RunRow
+from gridrun.tui.state import Saved
 from gridrun.tui.widgets import fmt
 from gridrun.tui.widgets.keys import KeyBar
 from gridrun.tui.widgets.panels import MachinePanel, StatusHeader
@@ -181,6 +181,9 @@ class MainScreen(Screen):
             self.notify(self.why_not(action), title="nothing done", severity="warning", timeout=4)
 
     def why_not(self, action: str) -> str:
+        if action == "start_engine":
+            return ("the engine is already running" if self.engine is not None
+                    else "the engine's state is not known yet")
         sel = [self.table.runs[i] for i in self.table.selection]
         if not sel:
             return "no run here" + (": the filter hides every run (esc clears it)" if self.table.needle else "")
@@ -194,7 +197,6 @@ class MainScreen(Screen):
             "priority": f"{what}{' queued' * (len(sel) > 1)}: priority orders the queue, "
                         "so only queued runs have one to change",
             "overlay": "mark runs with space first: v overlays the marked runs' curves",
-            "start_engine": "the engine is already running",
         }.get(action, "not available here")
 
     def action_detail(self) -> None:
@@ -210,7 +212,7 @@ class MainScreen(Screen):
         self.refresh_bindings()
 
     def action_overlay(self) -> None:
-        from gridrun.tui.screens.detail import OverlayScreen
+        from gridrun.tui.screens.overlay import OverlayScreen
         self.app.push_screen(OverlayScreen([self.table.runs[i] for i in self.table.selection]))
 
     def action_queue(self) -> None:
@@ -339,7 +341,7 @@ class MainScreen(Screen):
             return
         from gridrun.tui.screens.sort import SortMenu
 
-        def done(column: str | None | bool) -> None:
+        def done(column: str | bool | None) -> None:
             if column is not False:
                 self.notify(f"sorted by {table.sort_by(column or None)}", timeout=2)
         self.app.push_screen(SortMenu(table.sortable_columns(), table.sort_column), done)

@@ -75,7 +75,7 @@ def nice_ticks(lo: float, hi: float, n: int = 5, *, integer: bool = False) -> li
 
 def tick_label(v: float, integer: bool = False) -> str:
     if integer:
-        return f"{int(round(v)):d}"
+        return f"{round(v):d}"
     text = f"{v:.3g}"
     return f"{text:>{Y_LABEL_WIDTH}}"
 

@@ -472,7 +472,7 @@ class RunsTable(ScrollView, can_focus=True):
             return "best val"
         name = names[0]
         arrow = ARROWS.get(rec.direction(name, self.directions), "")
-        room = max(1, width - len("best ") - len(arrow) - (2 if "best" == self.sort_column else 0))
+        room = max(1, width - len("best ") - len(arrow) - (2 if self.sort_column == "best" else 0))
         return f"best {name[:room]}{arrow}"
 
     def _count_best(self, old: RunRow | None, new: RunRow | None) -> None:

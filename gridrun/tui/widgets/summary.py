@@ -30,7 +30,7 @@ def span(v: Any) -> str:
         return fmt.text(v)
     if s < 60:
         return f"{s:.1f} s"
-    m, sec = divmod(int(round(s)), 60)
+    m, sec = divmod(round(s), 60)
     h, m = divmod(m, 60)
     return f"{h}h {m:02d}m {sec:02d}s" if h else f"{m}m {sec:02d}s"
 
