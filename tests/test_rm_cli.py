@@ -61,3 +61,15 @@ def test_rm_bad_id_is_one_line_and_removes_nothing(tmp_path):
     assert "no run matches 'nosuchrun'" in result.output and "nothing was removed" in result.output
     with Store(root) as store:
         assert len(store.list_runs()) == 3
+
+
+def test_removing_every_run_keeping_folders_is_no_lost_queue(tmp_path):
+    from gridrun.engine.rundirs import lost_queue_warning
+
+    root = tmp_path / "runs"
+    queued, running, done = three(root)
+    with Store(root) as store:
+        store.transition(running.id, "running", "completed")
+        store.remove([queued.id, running.id, done.id])
+        assert not store.has_runs()
+        assert lost_queue_warning(root, store) is None

@@ -51,8 +51,12 @@ def count_run_dirs(root: str | os.PathLike, limit: int = COUNT_LIMIT) -> int:
 
 
 def lost_queue_warning(root: str | os.PathLike, store: Any) -> str | None:
-    """One line when the store has no runs but the root holds run folders."""
+    """One line when the store has no runs but the root holds run folders (and nobody
+    emptied it with `gridrun rm`, keeping the folders)."""
     if store.has_runs():
+        return None
+    removed = getattr(store, "removed_since", None)
+    if removed is not None and removed(0)[0]:
         return None
     n = count_run_dirs(root)
     if not n:
