@@ -544,7 +544,7 @@ class RunsTable(ScrollView, can_focus=True):
         style, segments = self.get_component_rich_style("runs-table--header"), []
         for key, w in self.columns.items():
             label = self.best_label(w) if key == "best" else LABELS.get(key, key)
-            if key == self.sort_column:
-                label = clip(label, max(1, w - 2)).rstrip() + (" ▼" if self.reverse else " ▲")
+            if key == self.sort_column:  # the arrow always shows; the name gives way
+                label = label[:max(1, w - 2)].rstrip() + (" ▼" if self.reverse else " ▲")
             segments += (Segment(clip(label, w, key in RIGHT), style), Segment(" " * GAP, style))
         return Strip(segments).adjust_cell_length(width, style)
