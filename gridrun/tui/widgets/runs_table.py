@@ -201,13 +201,10 @@ class RunsTable(ScrollView, can_focus=True):
             if r.id not in self.shown:
                 added.append(r.id)
             self._set(r.id, new)
-        if removed:
-            self.order = [i for i in self.order if i in self.shown]
-        if added and not (self.sort_column or self.grouped):
-            self.order.extend(added)
-        if added and (self.sort_column or self.grouped):
+        if added:  # queue order too is an order: new rows go where it puts them
             self.resort()
-        elif added or removed:
+        elif removed:
+            self.order = [i for i in self.order if i in self.shown]
             self._reindex()
 
     def _set(self, run_id: str, new: tuple[str, ...]) -> None:
@@ -252,8 +249,7 @@ class RunsTable(ScrollView, can_focus=True):
         self.shown, self.order = {}, []
         self._lines.clear()
         self.apply(list(self.runs.values()))
-        if not self.sort_column and not self.grouped:
-            self.order.sort(key=lambda i: self.arrival[i])
+        if not self.order:  # nothing matched: apply added nothing, so did not reindex
             self._reindex()
         if current is not None and current.id in self.position:
             self.move_cursor(row=self.position[current.id])
@@ -362,6 +358,7 @@ class RunsTable(ScrollView, can_focus=True):
         line = self._lines.get(run_id)
         if line is None or line.cell_length != width:
             line = self._row(run_id, width)
+            self._lines.discard(run_id)  # LRUCache.set keeps a key's old value
             self._lines.set(run_id, line)
         if row == self.cursor_row:
             line = line.apply_style(self.get_component_rich_style("runs-table--cursor"))
