@@ -78,8 +78,13 @@ def _grouping(sub: list[dict[str, Any]], config_cols: list[str], by: list[str] |
         return by
 
     def varying(rows: list[dict[str, Any]]) -> list[str]:
-        return [c for c in config_cols
-                if any(c in r for r in rows) and len({_group_key(r.get(c)) for r in rows}) > 1]
+        seen: dict[str, set[Any]] = {c: set() for c in config_cols}
+        for r in rows:  # one pass; a key a row lacks is a value (None) of its own
+            for c, values in seen.items():
+                if len(values) < 2:
+                    values.add(_group_key(r.get(c)))
+        present = {c for r in rows for c in r}
+        return [c for c in config_cols if c in present and len(seen[c]) > 1]
     if any(not missing(r.get("ablation")) and r.get("ablation") != "" for r in sub):
         # the axes of an ablation are its names; only grid axes of the baseline add to them
         return ["ablation", *varying([r for r in sub if r.get("ablation") == "baseline"])]

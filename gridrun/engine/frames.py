@@ -206,7 +206,7 @@ def _run_entry(root: Path, run: Run, status: str | None, cache: dict[str, tuple[
     if spec is None:
         return None
     stored = None if status in PENDING else records.Summary.from_json(run.summary)
-    summary = stored.to_json() if stored is not None else None
+    summary = vars(stored) if stored is not None else None  # its fields, read only: no copy
     if summary is None:
         entry = _entry(spec, run.run_dir(root), status, run.provenance)
     else:
