@@ -101,7 +101,7 @@ class StoreSource:
         self._first = True  # the first poll warns of an empty store beside run folders
         self._skipped: dict[str, int] = {}  # run id -> metrics lines that were not records
         self._compare_lock = threading.Lock()  # the compare and export workers share the frames
-        self._frames: dict[str, Any] = {}  # experiment -> frames.ExperimentFrame (pandas: lazily)
+        self._frames: dict[str, Any] = {}  # experiment -> frames.ExperimentFrame
         self._shown: dict[str, tuple[Any, Table]] = {}  # experiment -> (its table, as shown)
 
     # ---- polling ------------------------------------------------------------------
@@ -344,8 +344,8 @@ class StoreSource:
         with self._compare_lock:
             frame = self._frames.setdefault(experiment, frames.ExperimentFrame(self.root, experiment))
             if frame.refresh(self.store) or frame.table is None:
-                frame.table = analysis.ablation_table(frame.frame, experiment)
-                frame.table.attrs["notes"] = tables.notes(frame.frame)  # what the readers left out
+                frame.table = analysis.ablation(frame.rows, experiment)
+                frame.table.attrs["notes"] = tables.notes(frame.rows)  # what the readers left out
             return frame.table
 
     def compare(self, experiment: str) -> Table:
@@ -373,6 +373,6 @@ class StoreSource:
 
         target = Path(path).expanduser()
         target.parent.mkdir(parents=True, exist_ok=True)
-        export.write_frame(self._table(experiment), target, force=force)
+        export.write_frame(self._table(experiment).to_frame(), target, force=force)
         return str(target)
 

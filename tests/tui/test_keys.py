@@ -1,9 +1,11 @@
 """Pilot tests: press every key and check what changed (source actions, screens, widgets)."""
 
+from dataclasses import replace
 from pathlib import Path
 
 from tui_helpers import aio, settle, until
 
+from gridrun.tui import demo
 from gridrun.tui.app import GOODBYE
 from gridrun.tui.screens.compare import CompareScreen
 from gridrun.tui.screens.detail import DetailScreen
@@ -251,3 +253,27 @@ async def test_runs_changed_repaints_only_the_changed_line(make_app):
         table.apply([replace(run, step=run.step + 1, train_loss=0.1234)])  # the same again
         await pilot.pause()
         assert table.lines_rendered - rendered == 1
+
+
+@aio
+async def test_clearing_the_filter_keeps_queue_order_and_refilters_once(make_app):
+    # Clearing a filter used to rebuild the table in arrival order, not queue
+    # order, and the cleared box's own change event refiltered it again 150 ms
+    # later, moving rows under a user who had already scrolled.
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        table = app.main.table
+        urgent = [replace(r, id=f"urgent{k}", priority=5) for k, r in enumerate(demo.rows(2))]
+        app.main.runs_changed(tuple(urgent))  # they arrive last, and are first in the queue
+        queue_order = list(table.order)
+        assert queue_order[:2] == ["urgent0", "urgent1"]
+        await pilot.press("slash", *"lr")
+        await pilot.press("enter")
+        rebuilds = []
+        set_filter = table.set_filter
+        table.set_filter = lambda needle: (rebuilds.append(needle), set_filter(needle))
+        await pilot.press("escape")
+        await pilot.pause(0.4)  # past the filter's debounce
+        assert rebuilds == [""]
+        assert table.order == queue_order

@@ -323,7 +323,9 @@ class MainScreen(Screen):
         if box.value or box.display:
             if self._filter_timer is not None:
                 self._filter_timer.stop()
-            box.value, box.display = "", False
+            with box.prevent(Input.Changed):  # else its change event refilters again, later
+                box.value = ""
+            box.display = False
             self.set_filter("")
         elif self.table.needle:
             self.set_filter("")

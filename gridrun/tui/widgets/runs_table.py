@@ -253,13 +253,12 @@ class RunsTable(ScrollView, can_focus=True):
                 if self.grouped:
                     self._group_changed(r.experiment)
             self._set(r.id, new)
-        if removed and not self.grouped:
-            self.order = [i for i in self.order if i in self.shown]
-        if added and not (self.sort_column or self.grouped):
-            self.order.extend(added)
-        if (added and (self.sort_column or self.grouped)) or moved or (removed and self.grouped):
+        # queue order too is an order: new rows go where it puts them, and a priority
+        # change moves its row there; group header rows count what their groups show
+        if added or moved or (removed and self.grouped):
             self.resort()
-        elif added or removed:
+        elif removed:
+            self.order = [i for i in self.order if i in self.shown]
             self._reindex()
 
     def _group_changed(self, experiment: str) -> None:
@@ -329,8 +328,8 @@ class RunsTable(ScrollView, can_focus=True):
         self.shown, self.order = {}, []
         self._lines.clear()
         self.apply(list(self.runs.values()))
-        if not self.sort_column and not self.grouped:
-            self.resort()  # queue order
+        if not self.order:  # nothing matched: apply added nothing, so did not reindex
+            self._reindex()
         if current is not None and current.id in self.position:
             self.move_cursor(row=self.position[current.id])
 
@@ -449,6 +448,7 @@ class RunsTable(ScrollView, can_focus=True):
         line = self._lines.get(run_id)
         if line is None or line.cell_length != width:
             line = self._group(run_id[1:], width) if run_id.startswith(GROUP) else self._row(run_id, width)
+            self._lines.discard(run_id)  # LRUCache.set keeps a key's old value
             self._lines.set(run_id, line)
         if row == self.cursor_row:
             line = line.apply_style(self.get_component_rich_style("runs-table--cursor"))
