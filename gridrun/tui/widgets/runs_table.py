@@ -123,6 +123,8 @@ def fit(width: int, want: dict[str, int], skip: int = 0) -> dict[str, int]:
     for key in PRIORITY[len(CORE) + 1:]:
         add(key)
     grow(lambda key: MAX_WIDTH if want.get(key, 0) > widths[key] else 0)
+    # the best column's name in full (`best accuracy↑`) when the room is there
+    widths["best"] += max(0, min(want.get("best", 0) - widths["best"], width - used))
     return {key: widths[key] for key in COLUMNS if key in widths}
 
 
@@ -482,6 +484,7 @@ class RunsTable(ScrollView, can_focus=True):
                 self.best_names[r.best_name] = self.best_names.get(r.best_name, 0) + by
                 if by > 0 and r.best_direction in ARROWS:
                     self.directions[r.best_name] = r.best_direction
+        self.want["best"] = cell_len(self.best_label(MAX_WIDTH)) + 2  # and the sort arrow
 
     # ---- sideways ----------------------------------------------------------------
 
