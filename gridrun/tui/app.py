@@ -86,6 +86,9 @@ class GridrunApp(App[None]):
 
     def on_runs_removed(self, message: RunsRemoved) -> None:
         self.main.runs_removed(message.ids)
+        for screen in self.screen_stack:  # a detail screen on a removed run stops reading it
+            if hasattr(screen, "run_removed"):
+                screen.run_removed(message.ids)
 
     def on_engine_state_changed(self, message: EngineStateChanged) -> None:
         self.main.engine_changed(message.engine)

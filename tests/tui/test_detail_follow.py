@@ -109,3 +109,20 @@ async def test_queued_run_detail_says_where_it_is_in_the_queue(make_app):
         app.screen.show_waiting()
         assert "engine" in str(app.screen.query_one("#waiting").render())
         assert run.id in str(app.screen.query_one("#title").render())
+
+
+@aio
+async def test_a_run_removed_under_its_detail_stops_being_read(make_app):
+    from gridrun.tui.bridge import RunsRemoved
+
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        run = open_on(app, "failed")
+        await pilot.press("enter")
+        await pilot.pause()
+        app.post_message(RunsRemoved((run.id,)))
+        await until(pilot, lambda: "removed from the store" in str(app.screen.query_one("#title").render()))
+        assert run.id not in app.main.table.runs and isinstance(app.screen, DetailScreen)
+        await pilot.pause(1.2)  # a reader tick later: no error
+        assert not [n for n in app._notifications if n.severity == "error"]

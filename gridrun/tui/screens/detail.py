@@ -176,6 +176,15 @@ class DetailScreen(Smoothing, Screen):
         self.refresh_bindings()
 
     @refresh
+    def run_removed(self, ids: tuple[str, ...]) -> None:
+        """Its run left the store (`gridrun rm`, x): what is shown stays, reading stops."""
+        if self.run.id in ids:
+            self._reader.stop()
+            self.app.bridge.unwatch(self.run.id)
+            title = self.heading().append("  removed from the store", style="bold yellow")
+            self.query_one("#title", Static).update(title)
+
+    @refresh
     def show_waiting(self) -> None:
         """A queued run has no curves yet: say where it is in the queue and what it waits for."""
         box = self.query_one("#waiting", Static)
