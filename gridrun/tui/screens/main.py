@@ -92,7 +92,9 @@ class MainScreen(Screen):
         t.needle, t.reverse, t.grouped = saved.filter, saved.reverse, saved.grouped
         t.sort_column = saved.sort if saved.sort in t.sortable_columns() else None
         t.marked = set(saved.marks)
-        self.query_one("#filter", Input).value = saved.filter
+        box = self.query_one("#filter", Input)
+        with box.prevent(Input.Changed):  # the table has the needle already
+            box.value = saved.filter
         self.saved = saved
 
     def save_state(self) -> None:
@@ -291,7 +293,8 @@ class MainScreen(Screen):
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
-        box.value = self.table.needle
+        with box.prevent(Input.Changed):  # the filter in force, to edit
+            box.value = self.table.needle
         box.display = True
         box.focus()
 
