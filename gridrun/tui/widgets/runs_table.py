@@ -239,7 +239,6 @@ class RunsTable(ScrollView, can_focus=True):
             self.runs[r.id] = r
             if old is None or old.best_name != r.best_name:
                 self._count_best(old, r)
-                self.refresh_line(0)  # the header's best column may change its name
             self.arrival.setdefault(r.id, len(self.arrival))
             if old is not None and self.grouped and old.status != r.status:
                 self._group_changed(r.experiment)
@@ -484,7 +483,10 @@ class RunsTable(ScrollView, can_focus=True):
                 self.best_names[r.best_name] = self.best_names.get(r.best_name, 0) + by
                 if by > 0 and r.best_direction in ARROWS:
                     self.directions[r.best_name] = r.best_direction
-        self.want["best"] = cell_len(self.best_label(MAX_WIDTH)) + 2  # and the sort arrow
+        want = cell_len(self.best_label(MAX_WIDTH)) + 2  # and the sort arrow
+        if want != self.want.get("best"):  # the header's best column changes its name
+            self.want["best"] = want
+            self.refresh_line(0)
 
     # ---- sideways ----------------------------------------------------------------
 
