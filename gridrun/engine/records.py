@@ -266,15 +266,17 @@ class Summary:
         if not isinstance(data, dict):
             return None
         kept: dict[str, Any] = {}
-        wrong = [k for k in data if k not in _CLEANERS]
-        for name, clean in _CLEANERS.items():
-            if data.get(name) is None:
-                continue
-            got = clean(data[name])
-            if got is None or (strict and got != data[name]):
+        wrong = []
+        for name, value in data.items():  # the summary's own keys: most of the fields or fewer
+            clean = _CLEANERS.get(name)
+            if clean is None:
                 wrong.append(name)
-            if got is not None:
-                kept[name] = got
+            elif value is not None:
+                got = clean(value)
+                if got is None or (strict and got != value):
+                    wrong.append(name)
+                if got is not None:
+                    kept[name] = got
         if strict and wrong:
             raise ValueError(f"summary fields of the wrong type or unknown: {', '.join(wrong)}")
         return cls(**kept)
