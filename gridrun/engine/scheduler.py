@@ -138,9 +138,22 @@ class Engine:
                                       ended_at=time.time(), slot=None, pid=None,
                                       error=f"the engine could not record how it ended: "
                                             f"{type(e).__name__}: {e}", note="failed")
+        self.record_placements()
         self.sample_telemetry()
         self.heartbeat()
         self.watch_foreground()
+
+    def record_placements(self) -> None:
+        """A backend that places runs elsewhere (SLURM: job id, node, state) says where;
+        the store keeps it for `gridrun ls` and the run's detail."""
+        placements = getattr(self.backend, "placements", None)
+        if placements is None:
+            return
+        try:
+            for run_id, where in placements().items():
+                self.store.set_placement(run_id, where)
+        except Exception as e:  # a busy store is no reason to stop
+            log.warning("could not record where runs execute: %s", e)
 
     def heartbeat(self) -> None:
         """Say "alive" in the store (daemon.status reads it): a frozen engine stops saying it."""
