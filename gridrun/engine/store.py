@@ -163,6 +163,22 @@ class Run:
     def run_dir(self, root: str | os.PathLike) -> Path:
         return layout.run_dir(root, self.experiment, self.id)
 
+    @property
+    def where(self) -> str:
+        """Where a backend placed it, for people: "slurm job 12 RUNNING on node7 (GPUs 0)";
+        "" when it ran on this machine. The one wording `ls` and the interface show."""
+        p = self.placement or {}
+        if not p.get("job_id"):
+            return ""
+        text = f"{p.get('backend', '')} job {p['job_id']}".strip()
+        if p.get("state"):
+            text += f" {p['state']}"
+        if p.get("node"):
+            text += f" on {p['node']}"
+        if p.get("gpus"):
+            text += f" (GPUs {p['gpus']})"
+        return text
+
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["config"], d["adjustments"] = dict(self.config), list(self.adjustments)

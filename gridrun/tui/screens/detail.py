@@ -136,6 +136,8 @@ class DetailScreen(Smoothing, Screen):
             summary = f"[b red]error[/]\n{escape(str(trace))}\n\n{summary}"
         if d.notes:
             summary = "\n".join(f"[yellow]{escape(n)}[/]" for n in d.notes) + "\n\n" + summary
+        if d.where:
+            summary = f"[dim]{escape(d.where)}[/]\n\n{summary}"
         if d.verdict:
             line = fmt.verdict(d.verdict)
             summary = f"[{line.style}]{escape(line.plain)}[/]\n\n{summary}"
