@@ -105,12 +105,17 @@ class Engine:
         if self.stopping:  # asked to stop while the backend was starting: stop what was adopted
             self._stop_active()
 
-    def run(self) -> None:
-        """Until `request_stop()`; then running runs checkpoint and return to the queue."""
+    def run(self, *, until_idle: bool = False) -> None:
+        """Until `request_stop()`; then running runs checkpoint and return to the queue.
+        `until_idle`: also stop once nothing is queued or running (a whole queue run
+        inside one SLURM allocation ends with it)."""
         if not self.started:
             self.start()
         while not (self.stopping and not self.active):
             self.step()
+            if until_idle and not self.stopping and self.idle():
+                log.info("nothing queued or running: stopping (--until-idle)")
+                self.request_stop()
         self.backend.close()
 
     def request_stop(self) -> None:
