@@ -281,7 +281,7 @@ class SlurmBackend(Backend):
             return  # in the unsent pack: poll ends it
         slurm_job.write(ref.run_dir, slurm_job.STOP, {"token": ref.token, "grace": grace})
         mates = [r for r in self.refs.values() if r.job_id == ref.job_id]
-        if ref.state == "PENDING" and all(r.cancelling for r in mates):
+        if all(r.cancelling and r.state == "PENDING" and r.started_after is None for r in mates):
             self.jobs[ref.job_id].cancel(check=False)  # nothing started: no checkpoint to wait for
 
     def poll(self, timeout: float) -> list[Exited]:

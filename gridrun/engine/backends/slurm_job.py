@@ -45,6 +45,7 @@ STATUS = ".gridrun-slurm-run"
 STOP = ".gridrun-slurm-stop"
 INTERRUPTED = 5  # states.EXIT_CODES["interrupted"], without importing more into the job
 WATCH_EVERY = 0.2  # seconds between looks at the run, the stop file and signals
+LOCK_WAIT = 120.0  # how long a run waits for an earlier process of it to let go
 
 
 def read(run_dir: str | os.PathLike, name: str) -> dict[str, Any]:
@@ -60,7 +61,9 @@ def read(run_dir: str | os.PathLike, name: str) -> dict[str, Any]:
 def write(run_dir: str | os.PathLike, name: str, value: dict[str, Any]) -> None:
     path = Path(run_dir) / name
     tmp = path.with_name(f"{name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)  # private, as the root
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(value))
     tmp.replace(path)
 
 
@@ -99,9 +102,18 @@ def run_pack(entries: list[dict[str, Any]]) -> list[int | None]:
                 write(path, STATUS, {**status, "code": code, "skipped": True})
                 codes.append(code)
                 continue
-            write(path, STATUS, {**status, "started_at": time.time()})
-            code = _run_one(server, path, bool(entry.get("fresh")), cuda, token, signals)
-            write(path, STATUS, {**status, "started_at": time.time(), "code": code})
+            status["started_at"] = time.time()
+            write(path, STATUS, status)
+            deadline = time.monotonic() + LOCK_WAIT
+            while True:
+                code = _run_one(server, path, bool(entry.get("fresh")), cuda, token, signals)
+                # an earlier process of this run (a job on a lost node, say) still holds
+                # it: wait for it to let go rather than run twice or give up
+                if code != child.EXIT_ALREADY_RUNNING or signals.got or time.monotonic() > deadline:
+                    break
+                while child.lock_holder(path) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+            write(path, STATUS, {**status, "code": code, "ended_at": time.time()})
             codes.append(code)
     finally:
         if server is not None:
@@ -113,7 +125,7 @@ def _fork_server() -> Any:
     try:
         from gridrun.engine.backends.forkserver import ForkServer
 
-        return ForkServer(None)
+        return ForkServer(Path("/proc/self/fd/2"))  # its complaints go to the job's stderr
     except Exception as e:  # a fresh interpreter per run still works
         print(f"gridrun: no fork server in this job ({e}); runs start fresh interpreters",
               file=sys.stderr, flush=True)
