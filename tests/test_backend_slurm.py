@@ -29,6 +29,7 @@ from gridrun.engine.spec import EngineConfig, SpecError, load_engine_config
 from gridrun.engine.store import Store
 
 GRIDRUN = [sys.executable, "-m", "gridrun"]
+EXAMPLE = Path(__file__).resolve().parents[1] / "experiments.toml"
 
 
 def _cluster_answers() -> str | None:
@@ -162,6 +163,41 @@ def test_root_check_and_slots(cluster, tmp_path):
     backend, _ = slurm(tmp_path, max_jobs=3)
     assert [s.name for s in backend.slots()] == ["slurm0", "slurm1", "slurm2"]
     assert not list(tmp_path.glob(".gridrun-probe*"))  # the check's job answered and was cleaned
+
+
+@pytest.mark.timeout(900)
+def test_the_example_file_on_slurm_gives_the_local_metrics(cluster, tmp_path):
+    """`gridrun run --wait` of the README's example with only its [engine] table changed
+    (three runs a job, two jobs at once on this 2-core node): every run completes in a
+    SLURM job, and a sample of them (the first and last cell of each experiment) is
+    bit for bit what the local backend gives. All 18 matched when this was written;
+    the sample keeps CI's time."""
+    from gridrun.engine.spec import load_runs
+
+    head = EXAMPLE.read_text().split("[engine]")[0]
+    on_slurm = tmp_path / "experiments.toml"
+    on_slurm.write_text(head + '[engine]\nbackend = "slurm"\ngpus_per_run = 0\nmax_jobs = 6\n'
+                               "runs_per_job = 3\n")
+    runs = load_runs(EXAMPLE)
+    assert [r.id for r in load_runs(on_slurm)] == [r.id for r in runs]  # [engine] is no part of an id
+    root = tmp_path / "slurm"
+    try:
+        proc = subprocess.run([*GRIDRUN, "run", str(on_slurm), "--wait", "--no-check", "--root",
+                               str(root)], capture_output=True, text=True, timeout=800)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    finally:
+        daemon.stop(root)
+    with Store(root) as store:
+        done = store.list_runs()
+    assert {r.status for r in done} == {states.COMPLETED} and len(done) == len(runs)
+    assert all(r.placement["job_id"] for r in done)
+    by_experiment: dict[str, list] = {}
+    for run in runs:
+        by_experiment.setdefault(run.experiment, []).append(run)
+    sample = [r for rs in by_experiment.values() for r in (rs[0], rs[-1])]
+    local = reference(tmp_path, sample)
+    for run in sample:
+        assert metrics_without_timing(root, run) == metrics_without_timing(local, run), run.variant
 
 
 def test_gpus_come_from_slurm_a_third_run_waits_and_metrics_match_local(cluster, tmp_path):
