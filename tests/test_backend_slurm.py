@@ -113,6 +113,22 @@ def test_without_submitit_the_extra_is_named(tmp_path):
     assert "pip install 'gridrun[slurm]'" in proc.stdout, proc.stderr
 
 
+def test_only_the_backend_imports_submitit():
+    import ast
+
+    import gridrun
+
+    package = Path(gridrun.__file__).parent
+    importers = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n.split(".")[0] == "submitit" for n in names):
+                importers.add(path.relative_to(package).as_posix())
+    assert importers == {"engine/backends/slurm.py"}
+
+
 def test_job_files_are_replaced_whole(tmp_path):
     slurm_job.write(tmp_path, slurm_job.TICKET, {"token": "a"})
     assert slurm_job.read(tmp_path, slurm_job.TICKET) == {"token": "a"}
