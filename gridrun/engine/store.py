@@ -166,12 +166,13 @@ class Run:
     @property
     def where(self) -> str:
         """Where a backend placed it, for people: "slurm job 12 RUNNING on node7 (GPUs 0)";
-        "" when it ran on this machine. The one wording `ls` and the interface show."""
+        "" when it ran on this machine. The one wording `ls` and the interface show; the
+        job's state only while the run runs (after, it is the last one seen, not news)."""
         p = self.placement or {}
         if not p.get("job_id"):
             return ""
         text = f"{p.get('backend', '')} job {p['job_id']}".strip()
-        if p.get("state"):
+        if p.get("state") and self.status == states.RUNNING:
             text += f" {p['state']}"
         if p.get("node"):
             text += f" on {p['node']}"
