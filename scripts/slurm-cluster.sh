@@ -35,7 +35,7 @@ stop() {
     if alive "$p"; then kill "$(cat "$p")"; echo "stopped $(basename "$p" .pid)"; fi
   done
   if [ -x /etc/init.d/mariadb ] && [ -s /run/mysqld/mysqld.pid ]; then
-    /etc/init.d/mariadb stop >/dev/null || true
+    /etc/init.d/mariadb stop >/dev/null && echo "stopped mariadb" || true
   fi
   if alive /run/munge/munged.pid; then kill "$(cat /run/munge/munged.pid)"; echo "stopped munged"; fi
 }
