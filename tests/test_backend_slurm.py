@@ -216,6 +216,26 @@ def test_the_example_file_on_slurm_gives_the_local_metrics(cluster, tmp_path):
         assert metrics_without_timing(root, run) == metrics_without_timing(local, run), run.variant
 
 
+def test_a_root_the_nodes_cannot_see_stops_the_start(cluster, tmp_path):
+    """The engine's side sees the root through a private tmpfs mount (its own mount
+    namespace); the node's job sees the folder beneath it, without the check's file."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) to hide the root from the node")
+    root = tmp_path / "root"
+    root.mkdir(mode=0o700)
+    code = ("from gridrun.engine.backends.registry import make_backend\n"
+            "from gridrun.engine.spec import EngineConfig\n"
+            f"backend = make_backend(EngineConfig(backend='slurm'), {str(root)!r})\n"
+            "try:\n    backend.start()\nexcept RuntimeError as e:\n    print(e)\n")
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                           f"mount -t tmpfs -o mode=700 none {root} && exec \"$0\" -c \"$1\"",
+                           sys.executable, code], capture_output=True, text=True, timeout=120)
+    if "mount" in proc.stderr or "unshare" in proc.stderr:
+        pytest.skip(f"cannot make a private mount here: {proc.stderr.strip()[:200]}")
+    assert "is not shared with the SLURM node" in proc.stdout, proc.stdout + proc.stderr
+    assert "--root" in proc.stdout
+
+
 def test_gpus_come_from_slurm_a_third_run_waits_and_metrics_match_local(cluster, tmp_path):
     runs = [probe_run(seed=s, sleep=0.3, epochs=2) for s in range(3)]
     backend, engine = slurm(tmp_path, max_jobs=3, gpus_per_run=1)

@@ -44,7 +44,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shlex
 import shutil
+import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -157,39 +160,48 @@ class SlurmBackend(Backend):
         log.info("slurm backend: up to %d runs on the cluster, %d per job",
                  len(self._slots), max(1, int(self.config.runs_per_job)))
 
+    def sbatch_options(self) -> list[str]:
+        """The table's placement options as sbatch flags (for the root check's job)."""
+        c = self.config
+        given = {"partition": c.partition, "account": c.account, "qos": c.qos,
+                 "constraint": c.constraint, **dict(c.slurm_args)}
+        return [f"--{k}" if v is True else f"--{k}={v}" for k, v in given.items()
+                if v not in (None, "") and k != "signal"]
+
     def check_root_shared(self) -> None:
-        """A tiny job on a node reads a file written here and writes one back."""
+        """A tiny job on a node reads a file written here and writes one back next to
+        it. A plain `sbatch --wrap`, not submitit: submitit's own files live under the
+        root, and a node that cannot see them makes its job wait a minute for them."""
         probe = self.root / f".gridrun-probe-{uuid.uuid4().hex[:12]}"
         token = uuid.uuid4().hex
         probe.write_text(token)
+        command = (f"{shlex.quote(sys.executable)} -m gridrun.engine.backends.slurm_job "
+                   f"--probe {shlex.quote(str(probe))}")
         try:
-            try:
-                with submitit.helpers.clean_env():
-                    job = self.executor(gpus=0, time_limit="5").submit(slurm_job.probe, str(probe))
-            except Exception as e:
+            out = subprocess.run(["sbatch", "--parsable", "--job-name=gridrun-check", "--time=5",
+                                  "--output=/dev/null", "--ntasks=1", *self.sbatch_options(),
+                                  "--wrap", command], capture_output=True, text=True, timeout=60)
+            if out.returncode:
                 log.warning("could not check that the runs root is shared: sbatch refused the "
-                            "check's job: %s", _one_line(e))
+                            "check's job: %s", _one_line(RuntimeError(out.stderr)))
                 return
+            job_id = out.stdout.strip().split(";")[0]
             deadline = time.monotonic() + PROBE_WAIT
-            while not job.done(force_check=True) and time.monotonic() < deadline:
-                time.sleep(0.5)
-            if not job.done(force_check=True):
-                job.cancel(check=False)
-                log.warning("could not check that the runs root is shared: the check's job "
-                            "%s did not run within %.0f s", job.job_id, PROBE_WAIT)
-                return
-            node = job.get_info(mode="force").get("NodeList", "?")
-            try:
-                seen = job.result()
-            except Exception as e:
+            while not list(self.root.glob(probe.name + ".*")) and _in_queue(job_id):
+                if time.monotonic() > deadline:
+                    subprocess.run(["scancel", job_id], capture_output=True)
+                    log.warning("could not check that the runs root is shared: the check's "
+                                "job %s did not run within %.0f s", job_id, PROBE_WAIT)
+                    return
+                time.sleep(0.2)
+            back = list(self.root.glob(probe.name + ".*"))
+            if not back or back[0].read_text() != token:
+                node = _sacct(job_id, "NodeList") or "?"
                 raise RuntimeError(
-                    f"the runs root {self.root} is not shared with the SLURM node {node} (the "
-                    f"check's job {job.job_id} could not read it or answer: {_one_line(e)}); "
-                    "put the root on a filesystem every node mounts at the same path "
-                    "(--root)") from None
-            if seen != token or not list(self.root.glob(probe.name + ".*")):
-                raise RuntimeError(f"the runs root {self.root} is not the same folder on the "
-                                   f"SLURM node {node}: mount it at the same path on every node")
+                    f"the runs root {self.root} is not shared with the SLURM node {node}: the "
+                    f"check's job {job_id} could not read a file written here or write one "
+                    "back; put the root (--root) on a filesystem every node mounts at the same "
+                    "path")
         finally:
             for p in self.root.glob(probe.name + "*"):
                 p.unlink(missing_ok=True)
@@ -400,6 +412,18 @@ class SlurmBackend(Backend):
         self.refs.clear()
         self.jobs.clear()
         self.pack.clear()
+
+
+def _in_queue(job_id: str) -> bool:
+    """Whether squeue still lists the job (pending, running or completing)."""
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%t"], capture_output=True, text=True)
+    return out.returncode == 0 and bool(out.stdout.strip())
+
+
+def _sacct(job_id: str, field_name: str) -> str:
+    out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", field_name],
+                         capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
 
 
 def _one_line(e: Exception) -> str:
