@@ -363,6 +363,7 @@ def test_runs_per_job_runs_a_pack_in_one_job(cluster, tmp_path):
         done = store.list_runs()
     assert {r.status for r in done} == {states.COMPLETED}
     assert len({r.placement["job_id"] for r in done}) == 1
+    assert not [p for p in tmp_path.rglob("*") if p.is_symlink()]  # nothing doctor would refuse
     seen = [(layout.run_dir(tmp_path, "e", r.id) / layout.OUTPUT).read_text() for r in runs]
     assert all("CUDA_VISIBLE_DEVICES=''" in s for s in seen)  # a 0-GPU job: the runs see none
 

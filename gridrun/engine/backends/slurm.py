@@ -36,8 +36,7 @@ Decisions (issue 16):
 - The runs root must be shared by every node: `start` checks it with a tiny
   job, as the Ray backend does.
 
-This module and slurm_job.py's caller are the only places that use submitit
-(`pip install 'gridrun[slurm]'`).
+This is the only module that imports submitit (`pip install 'gridrun[slurm]'`).
 """
 
 from __future__ import annotations
@@ -247,6 +246,12 @@ class SlurmBackend(Backend):
                 job = self.executor().submit(slurm_job.run_pack, entries)
         except Exception as e:
             raise RuntimeError(f"sbatch refused the job: {_one_line(e)}") from None
+        finally:
+            # submitit leaves a symlink to the sbatch file it moved into the job's folder;
+            # nothing in the root is a symlink (layout.py, and doctor says so)
+            for link in self.folder.glob(".submission_file_*"):
+                if link.is_symlink():
+                    link.unlink(missing_ok=True)
         self.jobs[job.job_id] = job
         for ref in pack:
             ref.job_id, ref.state = job.job_id, "PENDING"
