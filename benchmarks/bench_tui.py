@@ -222,8 +222,11 @@ async def bench_table(n: int) -> None:
         print(f"  baseline, a bare DataTable with {n:,} rows: {ms(bare)}; "
               f"p50 x{statistics.median(press) / statistics.median(bare):.2f}, "
               f"p95 x{pct(press, 0.95) / pct(bare, 0.95):.2f}")
-        sort = [await frames.after(frames.key("s")) for _ in range(4)]
-        print(f"sort (s) {n:,} rows: {ms(sort)}")
+        # `s` opens a menu; its key picks the column: time the sort itself, menu to frame
+        sort = [await frames.after(lambda c=c: table.sort_by(c))
+                for c in ("status", "experiment", "progress", "loss")]
+        print(f"sort (s, then a column's key) {n:,} rows: {ms(sort)}")
+        table.sort_by(None)
         app.clear_notifications()  # no toast may time out during a later measurement
         await pilot.press("slash", "f", "a", "i")
         await asyncio.sleep(0.03)

@@ -16,7 +16,7 @@ from gridrun.cli import app
 from gridrun.engine import analysis, frames, layout, runlog, tables
 from gridrun.engine.spec import read_run_config
 from gridrun.engine.store import Store
-from gridrun.tui.store_source import StoreSource
+from gridrun.tui.store_source import StoreSource, named
 
 
 def to_store(root, *, running=()):
@@ -153,11 +153,13 @@ def test_the_screen_and_the_cli_format_cells_alike(tmp_path):
     table = analysis.ablation_table(frames.load_frame(root, "abl"), "abl")
     cells = tables.table_cells(table)
     shown = StoreSource(root).compare("abl")
-    assert (shown.columns, shown.rows, shown.best) == (cells.header, cells.rows, cells.best)
+    assert (shown.rows, shown.best) == (cells.rows, cells.best)
+    assert shown.columns == named(cells.header, "best")  # the screen says what the numbers are
     text = tables.format_table(table)
     for row in shown.rows:
         assert all(c in text for c in row)
-    assert "loss ↓" in shown.columns and "Δ loss" in shown.columns and "p" in shown.columns
+    assert "best val loss ↓" in shown.columns and "Δ loss" in shown.columns
+    assert "Welch p" in shown.columns
 
 
 def test_the_compare_screen_refresh_reads_only_what_changed(tmp_path, counted_reads):
@@ -207,3 +209,26 @@ def test_compare_screen_refresh_with_nothing_changed_is_cheap(tmp_path):
     for _ in range(100):
         src.compare("abl")
     assert (time.perf_counter() - t0) / 100 < 0.005
+
+
+def test_compare_while_running_groups_by_the_matrix_axes_only(tmp_path):
+    """A resolved setting (precision: fp32 once a run ended, nothing while it runs) is no
+    column; a cell without a finished seed shows – with 0/1; one precision per Δ column."""
+    build_grid(tmp_path)
+    for summary in tmp_path.glob("grid/*/summary.json"):
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), "precision": "fp32"}))
+    live = make_run(tmp_path, "grid", 0, trainer={"lr": 0.5}, axes={"lr": 0.5}, summary=False,
+                    log=[{"t": 1, "step": 10, "epoch": 0, "split": "train", "loss": 0.9}])
+    root = to_store(tmp_path, running={live})
+    shown = StoreSource(root).compare("grid")
+    assert "precision" not in shown.columns and shown.columns[:2] == ("lr", "seeds")
+    running = next(r for r in shown.rows if r[0] == "0.5")
+    assert running[1] == "0/1" and running[2] == "–"
+
+
+def test_deltas_share_one_precision_per_metric(tmp_path):
+    root = to_store(build_abl(tmp_path))
+    cells = tables.table_cells(analysis.ablation_table(frames.load_frame(root, "abl"), "abl"))
+    column = cells.header.index("Δ loss")
+    deltas = [row[column].split()[0] for row in cells.rows if row[column]]
+    assert len(deltas) >= 2 and len({len(d.split(".")[1]) for d in deltas}) == 1

@@ -28,12 +28,13 @@ class What(StrEnum):
 START_HINT = "start some with: gridrun run experiments.toml"
 
 
-def _frame(root: Path, experiment: str | None) -> Any:
+def _runs(root: Path, experiment: str | None) -> Any:
     """The runs (of one experiment) from the store, their folders only where needed
-    (see gridrun.engine.frames); a root without a store from its folders."""
+    (see gridrun.engine.frames); a root without a store from its folders. Rows,
+    not a DataFrame: `compare` never imports pandas."""
     from gridrun.engine import frames
 
-    frame = frames.load_frame(root, experiment)
+    frame = frames.load_rows(root, experiment)
     if frame.empty:
         known = frames.experiments(root) if experiment is not None else []
         if experiment is None or not known:
@@ -65,12 +66,12 @@ def compare(
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
     """Mean ± std over seeds per cell, the best cell per metric, deltas vs the baseline."""
-    from gridrun.engine.analysis import AnalysisError, ablation_table
+    from gridrun.engine.analysis import AnalysisError, ablation
     from gridrun.engine.tables import format_table, notes
 
-    frame = _frame(root, experiment)
+    frame = _runs(root, experiment)
     try:
-        table = ablation_table(frame, experiment, by=by.split(",") if by else None,
+        table = ablation(frame, experiment, by=by.split(",") if by else None,
                                metric=metric, final=final)
     except AnalysisError as exc:
         fail(str(exc))
@@ -106,7 +107,8 @@ def export(
         check_target(out, force)  # before reading every run: refusing is instant
     except (AnalysisError, TargetExists) as exc:
         fail(str(exc))
-    frame = _frame(root, experiment)
+    runs = _runs(root, experiment)
+    frame = runs.to_frame()
     if status is not None:
         frame = frame[frame["status"] == status]
         if frame.empty:
@@ -127,7 +129,7 @@ def export(
         fail(str(exc))
     except OSError as exc:
         fail(f"cannot write {out}: {exc.strerror or exc}")
-    _notes([*notes(frame), *(runlog.skipped_note(n, path) for path, n in skipped.items())])
+    _notes([*notes(runs), *(runlog.skipped_note(n, path) for path, n in skipped.items())])
     typer.echo(f"wrote {rows:,} rows ({what.value}) to {out}")
 
 

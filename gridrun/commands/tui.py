@@ -28,6 +28,8 @@ def open_app(root: Path, file: Path | None = None) -> None:
     if file is not None:
         app.queue_on_start = str(file)
     app.run()
+    if app.return_code:  # the app stopped on an error (its traceback is above): say so
+        raise typer.Exit(app.return_code)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,145 +1,175 @@
 """Ablation tables over seeds: mean, std, n, 95% CI, min and max per cell, the
 best row per metric, and deltas with Welch's p-value against the baseline. The
-frame they are built from: frames.py; their text: tables.py."""
+runs they are built from: frames.py; their text: tables.py.
+
+Plain Python over rows (`RowTable`): `gridrun compare` pays no pandas, NumPy or
+scipy import. `ablation_table` is the same table as a DataFrame, for files and
+for callers that hold one.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pandas as pd
-
-from gridrun.engine import records, states
+from gridrun.engine import records, states, tdist
 from gridrun.engine.frames import PENDING, collector_paused
+from gridrun.engine.rowtable import RowTable, missing
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class AnalysisError(ValueError):
     """A user mistake (unknown experiment, metric or key); str() says what to do."""
 
 
-# scipy.special's Student t functions are what scipy.stats.t calls (ppf = stdtrit,
-# sf(x) = stdtr(-x)); scipy.stats itself costs half a second to import, which
-# `gridrun compare` would pay on every call.
-
-@functools.lru_cache(maxsize=1024)
-def _t975(dof: int) -> float:
-    from scipy import special
-
-    return float(special.stdtrit(dof, 0.975))
-
-
-def _summary_stats(values: np.ndarray) -> dict[str, float]:
+def _summary_stats(values: list[float]) -> dict[str, float]:
     n = len(values)
-    mean = float(values.mean()) if n else math.nan
-    std = float(values.std(ddof=1)) if n >= 2 else math.nan
-    ci = float(_t975(n - 1) * std / math.sqrt(n)) if n >= 2 else math.nan
+    mean = math.fsum(values) / n if n else math.nan
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1)) if n >= 2 else math.nan
+    ci = tdist.t_ppf(0.975, n - 1) * std / math.sqrt(n) if n >= 2 else math.nan
     return {"mean": mean, "std": std, "ci95": ci,
-            "min": float(values.min()) if n else math.nan,
-            "max": float(values.max()) if n else math.nan}
+            "min": min(values) if n else math.nan, "max": max(values) if n else math.nan}
 
 
-def welch_p(x: np.ndarray, y: np.ndarray) -> float:
+def welch_p(x: list[float], y: list[float]) -> float:
     """Two-sided p-value of Welch's t-test, computed as
     `scipy.stats.ttest_ind(x, y, equal_var=False)` does (an undefined
     Welch-Satterthwaite dof counts as 1); nan when x and y agree exactly."""
-    from scipy import special
-
     n1, n2 = len(x), len(y)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        v1, v2 = np.var(x, ddof=1) / n1, np.var(y, ddof=1) / n2
-        dof = (v1 + v2) ** 2 / (v1**2 / (n1 - 1) + v2**2 / (n2 - 1))
-        t = (np.mean(x) - np.mean(y)) / np.sqrt(v1 + v2)
-    return float(2 * special.stdtr(1.0 if np.isnan(dof) else dof, -np.abs(t)))
+    m1, m2 = math.fsum(x) / n1, math.fsum(y) / n2
+    v1 = math.fsum((v - m1) ** 2 for v in x) / (n1 - 1) / n1
+    v2 = math.fsum((v - m2) ** 2 for v in y) / (n2 - 1) / n2
+    if v1 + v2 == 0:  # no spread at all: equal means say nothing, different ones everything
+        return math.nan if m1 == m2 else 0.0
+    dof = (v1 + v2) ** 2 / (v1**2 / (n1 - 1) + v2**2 / (n2 - 1))
+    t = (m1 - m2) / math.sqrt(v1 + v2)
+    return 2 * tdist.t_sf(abs(t), dof)
 
 
-def _grouping(sub: pd.DataFrame, config_cols: list[str], by: list[str] | None) -> list[str]:
+def _number(value: Any) -> float:
+    """A metric's value as a float; nan for what is not a number (as pd.to_numeric(errors="coerce"))."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return float(value)
+    return math.nan
+
+
+def _group_key(value: Any) -> Any:
+    """A grouping value as a dict key: every missing value is one group (None)."""
+    if missing(value):
+        return None
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+def _grouping(sub: list[dict[str, Any]], config_cols: list[str], by: list[str] | None,
+              axes: Iterable[str] = ()) -> list[str]:
+    """The keys a table groups by: `by`, else the config keys that vary, among the
+    matrix's axes when the runs name them (a resolved setting such as `precision`,
+    which reads differently before and after a run, is not an axis)."""
     if by:
         return by
-    def varying(rows: pd.DataFrame) -> list[str]:
-        return [c for c in config_cols if c in rows and rows[c].nunique(dropna=False) > 1]
-    if (sub["ablation"].fillna("") != "").any():
+    axes = set(axes)
+    config_cols = [c for c in config_cols if not axes or c in axes]
+
+    def varying(rows: list[dict[str, Any]]) -> list[str]:
+        seen: dict[str, set[Any]] = {c: set() for c in config_cols}
+        for r in rows:  # one pass; a key a row lacks is a value (None) of its own
+            for c, values in seen.items():
+                if len(values) < 2:
+                    values.add(_group_key(r.get(c)))
+        present = {c for r in rows for c in r}
+        return [c for c in config_cols if c in present and len(seen[c]) > 1]
+    if any(not missing(r.get("ablation")) and r.get("ablation") != "" for r in sub):
         # the axes of an ablation are its names; only grid axes of the baseline add to them
-        return ["ablation", *varying(sub[sub["ablation"] == "baseline"])]
+        return ["ablation", *varying([r for r in sub if r.get("ablation") == "baseline"])]
     return varying(sub)
 
 
-def _cells_of(sub: pd.DataFrame, keys: list[str]) -> list[tuple[tuple[Any, ...], np.ndarray]]:
-    """(values of `keys`, row positions) of each cell, in the order the cells first
-    appear (`groupby(keys, sort=False, dropna=False)`'s)."""
-    if not keys:
-        return [((), np.arange(len(sub)))]
-    codes = sub.groupby(keys, sort=False, dropna=False).ngroup().to_numpy()
-    order = np.argsort(codes, kind="stable")
-    starts = np.flatnonzero(np.diff(codes[order], prepend=-1))
-    columns = [sub[k].to_numpy(dtype=object) for k in keys]
-    return [(tuple(c[pos[0]] for c in columns), pos) for pos in np.split(order, starts[1:])]
+def _cells_of(sub: list[dict[str, Any]], keys: list[str]) -> list[tuple[tuple[Any, ...], list[int]]]:
+    """(values of `keys`, row positions) of each cell, in the order the cells first appear."""
+    cells: dict[tuple[Any, ...], tuple[tuple[Any, ...], list[int]]] = {}
+    for i, r in enumerate(sub):
+        values = tuple(r.get(k) for k in keys)
+        group = tuple(_group_key(v) for v in values)
+        if group not in cells:
+            cells[group] = (tuple(None if missing(v) else v for v in values), [])
+        cells[group][1].append(i)
+    return list(cells.values())
+
+
+def ablation(runs: RowTable, experiment: str | None = None, by: Iterable[str] | None = None,
+             metric: str | None = None, final: bool = False) -> RowTable:
+    """Mean, std, n, 95% CI, min and max over seeds per cell; see the module doc."""
+    with collector_paused():
+        return _ablation(runs, experiment, by, metric, final)
 
 
 def ablation_table(frame: pd.DataFrame, experiment: str | None = None,
                    by: Iterable[str] | None = None, metric: str | None = None,
                    final: bool = False) -> pd.DataFrame:
-    """Mean, std, n, 95% CI, min and max over seeds per cell; see the module doc."""
-    with collector_paused():
-        return _ablation_table(frame, experiment, by, metric, final)
+    """`ablation` of a DataFrame of runs (`frames.runs_frame`), as a DataFrame."""
+    return ablation(RowTable.from_frame(frame), experiment, by, metric, final).to_frame()
 
 
-def _ablation_table(frame: pd.DataFrame, experiment: str | None, by: Iterable[str] | None,
-                    metric: str | None, final: bool) -> pd.DataFrame:
-    directions = dict(frame.attrs.get("directions", {}))
-    all_metrics = list(frame.attrs.get("metrics", []))
-    config_cols = list(frame.attrs.get("config_columns", []))
-    frame = frame.copy(deep=False)
-    frame.attrs = {}  # pandas deep-copies attrs into every selection: thousands here
+def _ablation(runs: RowTable, experiment: str | None, by: Iterable[str] | None,
+              metric: str | None, final: bool) -> RowTable:
+    directions = dict(runs.attrs.get("directions", {}))
+    all_metrics = list(runs.attrs.get("metrics", []))
+    config_cols = list(runs.attrs.get("config_columns", []))
+    axes = list(runs.attrs.get("axes", []))
     kind = "final" if final else "best"
-    if frame.empty:
+    if runs.empty:
         raise AnalysisError("no runs yet")
+    rows = runs.rows
     if experiment is not None:
-        known = sorted(frame["experiment"].unique())
+        known = sorted({str(r.get("experiment")) for r in rows})
         if experiment not in known:
             raise AnalysisError(f"no experiment {experiment!r}; there are: {', '.join(known)}")
-        frame = frame[frame["experiment"] == experiment]
+        rows = [r for r in rows if r.get("experiment") == experiment]
     if metric is not None:
         if metric not in all_metrics:
             raise AnalysisError(f"no metric {metric!r}; the runs report: "
                                 f"{', '.join(all_metrics) or 'nothing yet'}")
         all_metrics = [metric]
-    metrics = [m for m in all_metrics if f"{kind}_{m}" in frame]
+    metrics = [m for m in all_metrics if f"{kind}_{m}" in runs.columns]
     by = [k.strip() for k in by if k.strip()] if by else None
     for key in by or ():
         if key in ("seed", "id"):
             raise AnalysisError(f"cannot group by {key!r}: tables aggregate over seeds")
-        if key not in frame.columns:
+        if key not in runs.columns:
             raise AnalysisError(f"no column {key!r} to group by; config keys are: {', '.join(config_cols)}")
     out_rows: list[dict[str, Any]] = []
     all_keys: dict[str, None] = {}
-    for exp in dict.fromkeys(frame["experiment"]):
-        sub = frame[frame["experiment"] == exp]
-        keys = _grouping(sub, config_cols, by)
+    for exp in dict.fromkeys(r.get("experiment") for r in rows):
+        sub = [r for r in rows if r.get("experiment") == exp]
+        keys = _grouping(sub, config_cols, by, axes)
         all_keys.update(dict.fromkeys(keys))
-        # whole columns as arrays, each cell a set of row positions: per-cell pandas
-        # objects cost about a millisecond a cell
-        status = sub["status"].to_numpy(dtype=object)
-        completed, pending_all = status == states.COMPLETED, np.isin(status, PENDING)
-        numbers = {m: pd.to_numeric(sub[f"{kind}_{m}"], errors="coerce").to_numpy(float)
-                   for m in metrics}
+        numbers = {m: [_number(r.get(f"{kind}_{m}")) for r in sub] for m in metrics}
         cells = []
         for values, pos in _cells_of(sub, keys):
-            done = completed[pos]
-            pending = int(pending_all[pos].sum())
+            done = [i for i in pos if sub[i].get("status") == states.COMPLETED]
+            pending = sum(sub[i].get("status") in PENDING for i in pos)
             row: dict[str, Any] = {"experiment": exp, **dict(zip(keys, values, strict=True))}
-            k = int(done.sum())
+            k = len(done)
             failed = len(pos) - k - pending
             seeds = (f"{k}/{k + pending}" if pending else str(k)) + (
                 f" ({failed} failed)" if failed else "")
             row.update(seeds=seeds, n=k, runs=len(pos), pending=pending, failed=failed)
             samples = {}
             for m in metrics:
-                vals = numbers[m][pos][done]
-                vals = vals[~np.isnan(vals)]
+                vals = [v for v in (numbers[m][i] for i in done) if not math.isnan(v)]
                 samples[m] = vals
                 row.update({f"{m}_{s}": v for s, v in _summary_stats(vals).items()})
             cells.append((row, samples))
@@ -157,7 +187,7 @@ def _ablation_table(frame: pd.DataFrame, experiment: str | None, by: Iterable[st
                         rel = delta / abs(bmean) if bmean else math.nan
                         x, y = samples[m], b[1][m]
                         if len(x) >= 2 and len(y) >= 2:
-                            p = welch_p(x, y)  # seeds that agree exactly: nan, no warning
+                            p = welch_p(x, y)  # seeds that agree exactly: nan
                     row.update({f"{m}_delta": delta, f"{m}_delta_rel": rel, f"{m}_p": p})
         elif keys:
             with contextlib.suppress(TypeError):  # mixed types: keep the folders' order
@@ -170,13 +200,10 @@ def _ablation_table(frame: pd.DataFrame, experiment: str | None, by: Iterable[st
             for i, (row, _) in enumerate(cells):
                 row[f"{m}_best"] = i == best
         out_rows.extend(row for row, _ in cells)
-    table = pd.DataFrame(out_rows)
-    for key in all_keys:  # object columns: 32 stays 32 where another experiment lacks the key
-        table[key] = pd.Series([r.get(key) for r in out_rows], dtype=object, index=table.index)
     front = ["experiment", *all_keys, "seeds", "n", "runs", "pending", "failed"]
     stats_cols = [f"{m}_{s}" for m in metrics for s in ("mean", "std", "ci95", "min", "max", "best",
                                                         "delta", "delta_rel", "p")]
-    table = table[front + [c for c in stats_cols if c in table.columns]]
-    table.attrs.update(directions={m: records.direction(m, directions) for m in metrics},
-                       metrics=metrics, keys=list(all_keys), value=kind)
-    return table
+    present = {k for r in out_rows for k in r}
+    return RowTable(out_rows, front + [c for c in stats_cols if c in present],
+                    {"directions": {m: records.direction(m, directions) for m in metrics},
+                     "metrics": metrics, "keys": list(all_keys), "value": kind})

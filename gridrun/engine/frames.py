@@ -1,4 +1,5 @@
-"""Runs -> one pandas DataFrame, a row per run (ablation tables over it: analysis.py).
+"""Runs -> one table, a row per run (ablation tables over it: analysis.py); as plain
+rows (`RowTable`, what `gridrun compare` reads) or as a pandas DataFrame.
 
 A run's row comes from the store when the root has one: its config, and once
 it has ended its summary, are columns of the store's row, so an ended run
@@ -26,12 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
 from gridrun.engine import layout, progress, records, runlog, states
+from gridrun.engine.rowtable import RowTable
 from gridrun.engine.spec import RunSpec, read_run_config
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from gridrun.engine.store import Run, Store
 
 BASE = ["id", "experiment", "variant", "ablation", "seed", "task", "status"]
@@ -110,6 +112,7 @@ class _Entry:
     row: dict[str, Any]
     config_keys: list[str]
     directions: dict[str, str] = field(default_factory=dict)  # declared by its summary
+    axes: list[str] = field(default_factory=list)  # the keys its experiment's matrix varies
     notes: list[str] = field(default_factory=list)
 
 
@@ -125,7 +128,7 @@ def _entry(spec: RunSpec, folder: Path | None, status: str | None,
     row: dict[str, Any] = {**config, "id": spec.id, "experiment": spec.experiment,
                            "variant": spec.variant, "ablation": spec.ablation, "seed": spec.seed,
                            "task": spec.task}
-    entry = _Entry(row, list(config))
+    entry = _Entry(row, list(config), axes=list(spec.axes))
     if summary is None and folder is not None:
         read = runlog.read_summary(folder / layout.SUMMARY)
         summary = read.to_json() if read is not None else None
@@ -204,7 +207,7 @@ def _run_entry(root: Path, run: Run, status: str | None, cache: dict[str, tuple[
     if spec is None:
         return None
     stored = None if status in PENDING else records.Summary.from_json(run.summary)
-    summary = stored.to_json() if stored is not None else None
+    summary = vars(stored) if stored is not None else None  # its fields, read only: no copy
     if summary is None:
         entry = _entry(spec, run.run_dir(root), status, run.provenance)
     else:
@@ -245,12 +248,18 @@ def _folder_entry(folder: Path, statuses: Mapping[str, str], provenance: Mapping
     return _entry(spec, folder, statuses.get(spec.id), provenance.get(spec.id))
 
 
-def runs_frame(root: str | os.PathLike, statuses: Mapping[str, str] | None = None, *,
-               queued: Iterable[RunSpec] = (),
-               provenance: Mapping[str, Mapping[str, Any]] | None = None,
-               runs: Iterable[Run] | None = None, experiment: str | None = None,
-               cache: dict[str, tuple[Any, _Entry]] | None = None,
-               orders: dict[str, dict[str, list[str]]] | None = None) -> pd.DataFrame:
+def runs_frame(root: str | os.PathLike, statuses: Mapping[str, str] | None = None,
+               **options: Any) -> pd.DataFrame:
+    """`run_rows` as a pandas DataFrame (its `attrs` the same)."""
+    return run_rows(root, statuses, **options).to_frame()
+
+
+def run_rows(root: str | os.PathLike, statuses: Mapping[str, str] | None = None, *,
+             queued: Iterable[RunSpec] = (),
+             provenance: Mapping[str, Mapping[str, Any]] | None = None,
+             runs: Iterable[Run] | None = None, experiment: str | None = None,
+             cache: dict[str, tuple[Any, _Entry]] | None = None,
+             orders: dict[str, dict[str, list[str]]] | None = None) -> RowTable:
     """One row per run: the store's `runs` (see the module doc), or without them
     each run folder ROOT/<experiment>/<run_id>/ holding a config.toml.
 
@@ -264,19 +273,19 @@ def runs_frame(root: str | os.PathLike, statuses: Mapping[str, str] | None = Non
     `cache` and `orders` keep entries and each experiment's metric order between
     calls (see `ExperimentFrame`).
     Folders whose config.toml cannot be read are skipped and listed in
-    `frame.attrs["skipped"]`; "notes" says what else was left out (metrics
-    lines that are not records). `frame.attrs` also holds "directions"
+    `attrs["skipped"]`; "notes" says what else was left out (metrics
+    lines that are not records). `attrs` also holds "directions"
     ({metric: "lower"|"higher"}), "metrics" and "config_columns".
     """
     with collector_paused():
-        return _runs_frame(Path(root), statuses or {}, queued, provenance or {}, runs, experiment,
+        return _run_rows(Path(root), statuses or {}, queued, provenance or {}, runs, experiment,
                            cache, {} if orders is None else orders)
 
 
-def _runs_frame(root: Path, statuses: Mapping[str, str], queued: Iterable[RunSpec],
+def _run_rows(root: Path, statuses: Mapping[str, str], queued: Iterable[RunSpec],
                 provenance: Mapping[str, Mapping[str, Any]], runs: Iterable[Run] | None,
                 experiment: str | None, cache: dict[str, tuple[Any, _Entry]] | None,
-                orders: dict[str, dict[str, list[str]]]) -> pd.DataFrame:
+                orders: dict[str, dict[str, list[str]]]) -> RowTable:
     entries: list[_Entry] = []
     skipped: list[str] = []
     if runs is not None:
@@ -313,35 +322,37 @@ def _runs_frame(root: Path, statuses: Mapping[str, str], queued: Iterable[RunSpe
         for spec in queued:
             if spec.id not in seen and (experiment is None or spec.experiment == experiment):
                 entries.append(_entry(spec, None, statuses.get(spec.id), provenance.get(spec.id)))
-    return _frame(entries, skipped)
+    return _table(entries, skipped)
 
 
-def _frame(entries: list[_Entry], skipped: list[str]) -> pd.DataFrame:
+def _table(entries: list[_Entry], skipped: list[str]) -> RowTable:
     directions: dict[str, str] = {}
     notes: list[str] = []
     config_columns: dict[str, None] = {}
+    columns: dict[str, None] = {}
+    axes: dict[str, None] = {}
     for e in entries:
         config_columns.update(dict.fromkeys(e.config_keys))
+        columns.update(dict.fromkeys(e.row))
+        axes.update(dict.fromkeys(e.axes))
         for name, direction in e.directions.items():
             directions.setdefault(name, direction)
         notes.extend(e.notes)
-    frame = pd.DataFrame([e.row for e in entries])
-    if frame.empty:
-        frame = pd.DataFrame(columns=BASE)
+    if not entries:
+        columns = dict.fromkeys(BASE)
     metrics: dict[str, None] = {}
-    for column in frame.columns:
+    for column in columns:
         for kind in ("best_", "final_"):
             if column.startswith(kind) and column != "best_step":
                 metrics[column[len(kind):]] = None
     for name in metrics:
         directions.setdefault(name, records.direction(name))
-    front = [c for c in BASE if c in frame.columns]
+    front = [c for c in BASE if c in columns]
     config_cols = [c for c in config_columns if c not in BASE]
-    rest = [c for c in frame.columns if c not in front and c not in config_cols]
-    frame = frame[front + config_cols + rest]
-    frame.attrs.update(directions=directions, metrics=list(metrics), skipped=skipped,
-                       config_columns=config_cols, notes=notes)
-    return frame
+    rest = [c for c in columns if c not in front and c not in config_cols]
+    return RowTable([e.row for e in entries], front + config_cols + rest,
+                    {"directions": directions, "metrics": list(metrics), "skipped": skipped,
+                     "config_columns": config_cols, "notes": notes, "axes": list(axes)})
 
 
 def store_runs(root: str | os.PathLike, experiment: str | None = None) -> list[Run] | None:
@@ -359,9 +370,14 @@ def store_runs(root: str | os.PathLike, experiment: str | None = None) -> list[R
         return None  # files alone still give a table
 
 
+def load_rows(root: str | os.PathLike, experiment: str | None = None) -> RowTable:
+    """`run_rows` of a root as it is: from its store when it has one, else its folders."""
+    return run_rows(root, runs=store_runs(root, experiment), experiment=experiment)
+
+
 def load_frame(root: str | os.PathLike, experiment: str | None = None) -> pd.DataFrame:
-    """`runs_frame` of a root as it is: from its store when it has one, else its folders."""
-    return runs_frame(root, runs=store_runs(root, experiment), experiment=experiment)
+    """`load_rows` as a pandas DataFrame."""
+    return load_rows(root, experiment).to_frame()
 
 
 def experiments(root: str | os.PathLike) -> list[str]:
@@ -381,15 +397,15 @@ def experiments(root: str | os.PathLike) -> list[str]:
 
 
 class ExperimentFrame:
-    """One experiment's frame kept between refreshes: a run is read again only when
+    """One experiment's rows kept between refreshes: a run is read again only when
     its store row changed (the store's seq) or, while it runs, its metrics log
     grew; with nothing changed, a refresh is one indexed query and a stat of the
     experiment's folder and of each running run's log."""
 
     def __init__(self, root: str | os.PathLike, experiment: str) -> None:
         self.root, self.experiment = Path(root), experiment
-        self.frame: pd.DataFrame | None = None
-        self.table: pd.DataFrame | None = None  # a caller's table of `frame`, kept with it
+        self.rows: RowTable | None = None
+        self.table: Any = None  # a caller's table of `rows`, kept with them
         self._seq = 0
         self._runs: list[Run] = []
         self._cache: dict[str, tuple[Any, _Entry]] = {}
@@ -398,9 +414,9 @@ class ExperimentFrame:
         self._live: dict[str, tuple[int, int] | None] = {}
 
     def refresh(self, store: Store) -> bool:
-        """Bring `frame` up to date with the store and the folders; True when it changed."""
+        """Bring `rows` up to date with the store and the folders; True when they changed."""
         folder = _stamp(self.root / self.experiment)
-        if self.frame is None:
+        if self.rows is None:
             self._runs = store.list_runs(experiment=self.experiment)
             self._seq = max((r.seq for r in self._runs), default=0)
         else:
@@ -412,8 +428,8 @@ class ExperimentFrame:
                 self._runs = store.list_runs(experiment=self.experiment)
                 self._seq = max([self._seq, *(r.seq for r in self._runs)])
         self._folder, self.table = folder, None
-        self.frame = runs_frame(self.root, runs=self._runs, experiment=self.experiment,
-                                cache=self._cache, orders=self._orders)
+        self.rows = run_rows(self.root, runs=self._runs, experiment=self.experiment,
+                             cache=self._cache, orders=self._orders)
         self._live = {i: key[2] for i, (key, _) in self._cache.items() if key[1] == states.RUNNING}
         return True
 

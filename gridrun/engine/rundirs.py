@@ -1,5 +1,6 @@
 """The run folders under a root, found from the disk alone (no store): listed,
-counted, and the warning that a store without runs sits beside them.
+counted, the warning that a store without runs sits beside them, and removing
+runs with their folders (`gridrun rm`).
 
 Below both the daemon and the doctor, which each need it."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,8 +51,12 @@ def count_run_dirs(root: str | os.PathLike, limit: int = COUNT_LIMIT) -> int:
 
 
 def lost_queue_warning(root: str | os.PathLike, store: Any) -> str | None:
-    """One line when the store has no runs but the root holds run folders."""
+    """One line when the store has no runs but the root holds run folders (and nobody
+    emptied it with `gridrun rm`, keeping the folders)."""
     if store.has_runs():
+        return None
+    removed = getattr(store, "removed_since", None)
+    if removed is not None and removed(0)[0]:
         return None
     n = count_run_dirs(root)
     if not n:
@@ -59,3 +65,28 @@ def lost_queue_warning(root: str | os.PathLike, store: Any) -> str | None:
     return (f"the store has no runs but {root} holds {n}{more} run folder{'s' * (n != 1)}: "
             f"the queue may have been lost; `gridrun doctor --rebuild --root {shlex.quote(str(Path(root)))}` "
             "restores it")
+
+
+def delete_run_dir(folder: Path) -> str:
+    """Delete a run folder; a symbolic link is never followed (it is left as it is)."""
+    if folder.is_symlink():
+        return f"folder {folder} kept: it is a symbolic link"
+    if not folder.exists():
+        return "it had no folder"
+    shutil.rmtree(folder)
+    return f"folder {folder} deleted"
+
+
+def remove_runs(store: Any, root: str | os.PathLike, ids: list[str], *,
+                delete_folders: bool = False) -> dict[str, str]:
+    """`gridrun rm` and the interface's x: runs out of the store (Store.remove refuses
+    running ones), then their folders deleted or kept. {id: outcome}; a removed
+    run's outcome starts with "removed"."""
+    folders = {i: store.get_run(i).run_dir(root) for i in ids}
+    out = store.remove(ids)
+    for run_id, outcome in out.items():
+        if outcome == "removed":
+            folder = folders[run_id]
+            out[run_id] = (f"removed; {delete_run_dir(folder)}" if delete_folders
+                           else f"removed; folder {folder} kept" if folder.exists() else "removed")
+    return out

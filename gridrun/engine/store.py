@@ -33,6 +33,7 @@ FOREGROUND = "fg"  # the slot of a run `gridrun train` trains in its own process
 # what `gridrun train` may take without a second look: a new attempt of an ended run
 CLAIMABLE = (states.QUEUED, states.INTERRUPTED, states.COMPLETED, *RETRYABLE)
 TELEMETRY_KEEP = 3600  # samples: an hour at 1 Hz
+REMOVED_KEEP = 10_000  # removed run ids remembered for readers (the `state` table's 'removed')
 
 # Append only: each entry moves the schema from version i to i + 1.
 MIGRATIONS = [
@@ -189,7 +190,7 @@ class Run:
 @dataclass(frozen=True)
 class Intent:
     id: int
-    kind: str  # cancel | retry | priority | pause | resume
+    kind: str  # cancel | retry | priority | pause | resume | remove
     run_id: str | None
     value: Any
     created_at: float
@@ -529,6 +530,46 @@ class Store:
                 else:
                     out[run_id] = f"not retried: it is {row[0] if row else 'unknown'}"
         return out
+
+    def remove(self, ids: Iterable[str]) -> dict[str, str]:
+        """Take runs out of the store (queued or ended ones; a running one is refused:
+        cancel it first). Returns {id: "removed" | "not removed: ..."}; readers learn
+        of it from `removed_since`. Run folders are the caller's to keep or delete."""
+        out: dict[str, str] = {}
+        with self._tx() as db:
+            gone = self._removals(db)
+            for run_id in ids:
+                status = self._status(db, run_id)
+                if status is None:
+                    out[run_id] = "not removed: no such run"
+                elif status == states.RUNNING:
+                    out[run_id] = ("not removed: it is running; cancel it first "
+                                   f"(`gridrun cancel {run_id}`), then remove it")
+                elif db.execute("DELETE FROM runs WHERE id = ? AND status = ?",
+                                (run_id, status)).rowcount == 1:
+                    gone.append([self._next_seq(db), run_id])
+                    self._intent(db, "remove", run_id, outcome="removed")
+                    out[run_id] = "removed"
+            db.execute("INSERT OR REPLACE INTO state VALUES ('removed', ?)",
+                       (json.dumps(gone[-REMOVED_KEEP:]),))
+        return out
+
+    @staticmethod
+    def _removals(db: sqlite3.Connection) -> list[list]:
+        row = db.execute("SELECT value FROM state WHERE key = 'removed'").fetchone()
+        try:
+            gone = json.loads(row[0]) if row else []
+        except ValueError:
+            gone = []
+        return [g for g in gone if isinstance(g, list) and len(g) == 2] if isinstance(gone, list) else []
+
+    def removed_since(self, seq: int = 0) -> tuple[list[str], int]:
+        """Ids removed after `seq`, and the seq to pass next time (the last
+        REMOVED_KEEP removals are remembered; a reader further behind reads all rows again)."""
+        with self._lock:
+            gone = self._removals(self._db)
+        new = [(s, i) for s, i in gone if isinstance(s, int) and s > seq]
+        return [i for _, i in new], max([seq, *(s for s, _ in new)])
 
     def set_priority(self, ids: Iterable[str], value: int, *, relative: bool = False) -> None:
         """Set (or with `relative`, add to) the priority of runs. Higher runs first."""

@@ -3,18 +3,23 @@ the formats `gridrun compare` prints (table, csv, markdown, latex, json)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from gridrun.engine import layout, records
-from gridrun.engine.analysis import AnalysisError, ablation_table
-from gridrun.engine.frames import runs_frame, store_runs
+from gridrun.engine.analysis import AnalysisError, ablation
+from gridrun.engine.frames import run_rows, store_runs
+from gridrun.engine.rowtable import RowTable, missing
+
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 FORMATS = ("table", "csv", "markdown", "latex", "json")
 
@@ -43,26 +48,35 @@ class Cells:
     best: frozenset[tuple[int, int]]
 
 
-def table_cells(table: pd.DataFrame, pm: str = " ± ", esc: Any = lambda text: text) -> Cells:
+def _rows(table: RowTable | pd.DataFrame) -> RowTable:
+    return table if isinstance(table, RowTable) else RowTable.from_frame(table)
+
+
+def table_cells(table: RowTable | pd.DataFrame, pm: str = " ± ",
+                esc: Any = lambda text: text) -> Cells:
     """The one formatter of an ablation table's cells: the grouping keys, seeds
     ("k/n" while some run, "(f failed)"), then per metric (with its direction's
     arrow) mean ± std to two significant digits of the std, and for ablations
     Δ vs the baseline (relative in brackets) and Welch's p. `esc` escapes the
     plain text; `pm` goes in as it is."""
+    table = _rows(table)
     metrics = table.attrs.get("metrics") or sorted(
         {c[:-5] for c in table.columns if c.endswith("_mean")})
     keys = table.attrs.get("keys") or []
     directions = table.attrs.get("directions", {})
-    show_exp = table["experiment"].nunique() > 1
+    show_exp = len(set(table.column("experiment"))) > 1
     deltas = "ablation" in keys
     header = [*(["experiment"] if show_exp else []), *map(esc, keys), "seeds"]
     for m in metrics:
         arrow = "↓" if records.direction(m, directions) == records.LOWER else "↑"
         header.append(f"{esc(m)} {arrow}")
-        if deltas and f"{m}_delta" in table:
+        if deltas and f"{m}_delta" in table.columns:
             header += [f"Δ {esc(m)}", "p"]
+    # a metric's deltas share one precision down the column (the finest its cells need)
+    precision = {m: max((_decimals(r[f"{m}_mean"], r[f"{m}_std"]) for r in table.rows
+                         if not _missing(r[f"{m}_mean"])), default=2) for m in metrics}
     rows, best = [], set()
-    for i, r in enumerate(table.to_dict("records")):
+    for i, r in enumerate(table.rows):
         cells = [*([esc(str(r["experiment"]))] if show_exp else []),
                  *("" if _missing(r[k]) else esc(str(r[k])) for k in keys), str(r["seeds"])]
         for m in metrics:
@@ -72,16 +86,16 @@ def table_cells(table: pd.DataFrame, pm: str = " ± ", esc: Any = lambda text: t
                 best.add((i, len(cells)))
             cells.append("–" if math.isnan(mean) else _num(mean, d) if math.isnan(std)
                          else f"{_num(mean, d)}{pm}{_num(std, d)}")
-            if deltas and f"{m}_delta" in table:
+            if deltas and f"{m}_delta" in table.columns:
                 delta, rel, p = r[f"{m}_delta"], r[f"{m}_delta_rel"], r[f"{m}_p"]
                 cells.append("" if _missing(delta) else esc(
-                    f"{delta:+.{d}f}" + ("" if _missing(rel) else f" ({rel:+.1%})")))
+                    f"{delta:+.{precision[m]}f}" + ("" if _missing(rel) else f" ({rel:+.1%})")))
                 cells.append("" if _missing(p) else f"{p:.2g}" if p >= 0.001 else esc("<0.001"))
         rows.append(tuple(cells))
     return Cells(tuple(header), tuple(rows), frozenset(best))
 
 
-def _cells(table: pd.DataFrame, bold: tuple[str, str], pm: str,
+def _cells(table: RowTable, bold: tuple[str, str], pm: str,
            esc: Any = lambda text: text) -> tuple[list[str], list[list[str]]]:
     """Header and text cells of the terminal, Markdown and LaTeX tables, the best
     ones between `bold`'s two marks."""
@@ -91,11 +105,10 @@ def _cells(table: pd.DataFrame, bold: tuple[str, str], pm: str,
     return list(c.header), rows
 
 
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
+_missing = missing
 
 
-def legend(table: pd.DataFrame, mark: str) -> str:
+def legend(table: RowTable | pd.DataFrame, mark: str) -> str:
     """What the numbers of a formatted table are, one line; `mark` names the best cells' mark."""
     value = "final" if table.attrs.get("value") == "final" else "best validation"
     text = f"mean ± std over finished seeds of the {value} value; {mark} best per metric"
@@ -111,19 +124,36 @@ def _latex_escape(text: str) -> str:
     return text
 
 
-def format_table(table: pd.DataFrame, fmt: str = "table") -> str:
+def _plain(value: Any) -> Any:
+    """A cell as JSON has it: missing as null, NumPy scalars as Python's."""
+    if missing(value):
+        return None
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        return value.item()
+    return value
+
+
+def format_table(table: RowTable | pd.DataFrame, fmt: str = "table") -> str:
     """The ablation table as text: table | csv | markdown | latex | json."""
+    table = _rows(table)
     if fmt == "csv":
-        return table.to_csv(index=False)
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(table.columns)
+        writer.writerows([["" if missing(v := r.get(c)) else v for c in table.columns]
+                          for r in table.rows])
+        return out.getvalue()
     if fmt == "json":
-        return json.dumps(json.loads(table.to_json(orient="records")), indent=1) + "\n"
-    if fmt in ("table", "markdown", "latex") and table["experiment"].nunique() > 1:
+        rows = [{c: _plain(r.get(c)) for c in table.columns} for r in table.rows]
+        return json.dumps(rows, indent=1, default=str) + "\n"
+    experiments = list(dict.fromkeys(table.column("experiment")))
+    if fmt in ("table", "markdown", "latex") and len(experiments) > 1:
         # experiments vary different keys: one block each
         blocks = []
-        for exp in dict.fromkeys(table["experiment"]):
-            part = table[table["experiment"] == exp].copy()
-            part.attrs = {**table.attrs,
-                          "keys": [k for k in table.attrs.get("keys", []) if part[k].notna().any()]}
+        for exp in experiments:
+            part = table.where("experiment", exp)
+            part.attrs["keys"] = [k for k in table.attrs.get("keys", [])
+                                  if any(not missing(r.get(k)) for r in part.rows)]
             title = {"table": f"{exp}\n", "markdown": f"### {exp}\n\n", "latex": f"% {exp}\n"}[fmt]
             blocks.append(title + format_table(part, fmt))
         return "\n".join(blocks)
@@ -151,7 +181,7 @@ def format_table(table: pd.DataFrame, fmt: str = "table") -> str:
     raise AnalysisError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
 
 
-def notes(frame: pd.DataFrame) -> list[str]:
+def notes(frame: RowTable | pd.DataFrame) -> list[str]:
     """What a reader of these files should know was left out, one line each."""
     return [*(f"skipped {folder}: its {layout.CONFIG} cannot be read"
               for folder in frame.attrs.get("skipped", [])), *frame.attrs.get("notes", [])]
@@ -163,13 +193,13 @@ def comparison_text(root: str | os.PathLike, experiments: Iterable[str] | None =
     each experiment's runs from the store (its folders without one); `statuses`
     override what the store says."""
     names = list(experiments or ()) or None
-    frames = [runs_frame(root, statuses, runs=store_runs(root, exp), experiment=exp)
+    frames = [run_rows(root, statuses, runs=store_runs(root, exp), experiment=exp)
               for exp in (names or [None])]
     parts, notes_ = [], []
     for frame in frames:
-        for exp in dict.fromkeys(frame["experiment"]) if not frame.empty else ():
+        for exp in dict.fromkeys(frame.column("experiment")):
             if names is None or exp in names:
-                parts.append(f"{exp}\n" + format_table(ablation_table(frame, exp)))
+                parts.append(f"{exp}\n" + format_table(ablation(frame, exp)))
         notes_.extend(notes(frame))
     if all(frame.empty for frame in frames):
         return ""

@@ -19,8 +19,10 @@ from gridrun.tui.bridge import (
     GpuSampled,
     MetricsArrived,
     RunsChanged,
+    RunsRemoved,
     SourceNoticed,
 )
+from gridrun.tui.guard import report
 from gridrun.tui.screens.main import MainScreen
 from gridrun.tui.source import Source
 
@@ -33,11 +35,12 @@ class GridrunApp(App[None]):
     ENABLE_COMMAND_PALETTE = False
 
     def __init__(self, source: Source, *, clock: Callable[[], float] = time.time,
-                 interval: float = 0.33, live: bool = True) -> None:
+                 interval: float = 0.33, live: bool = True, persist: bool | None = None) -> None:
         super().__init__()
         self.source, self.clock, self.interval = source, clock, interval
         self.bridge = Bridge(source)
         self.live = live  # snapshot tests: one poll, no clock ticks
+        self.persist = live if persist is None else persist  # ROOT/tui-state.json (state.py)
         self.ticks = 0  # bridge ticks done (tests wait on it)
         self.queue_on_start: str | None = None  # `gridrun tui FILE`
 
@@ -77,6 +80,15 @@ class GridrunApp(App[None]):
 
     def on_runs_changed(self, message: RunsChanged) -> None:
         self.main.runs_changed(message.runs)
+        for screen in self.screen_stack:  # a detail screen follows its run
+            if hasattr(screen, "run_changed") and (row := self.main.table.runs.get(screen.run.id)):
+                screen.run_changed(row)
+
+    def on_runs_removed(self, message: RunsRemoved) -> None:
+        self.main.runs_removed(message.ids)
+        for screen in self.screen_stack:  # a detail screen on a removed run stops reading it
+            if hasattr(screen, "run_removed"):
+                screen.run_removed(message.ids)
 
     def on_engine_state_changed(self, message: EngineStateChanged) -> None:
         self.main.engine_changed(message.engine)
@@ -89,7 +101,7 @@ class GridrunApp(App[None]):
 
     def on_metrics_arrived(self, message: MetricsArrived) -> None:
         for screen in self.screen_stack:
-            if hasattr(screen, "metrics_arrived"):
+            if hasattr(screen, "metrics_arrived"):  # each screen's is a guarded refresh
                 screen.metrics_arrived(message.run_id, message.records, message.reset)
 
     def known_status(self, run_id: str) -> str | None:
@@ -100,8 +112,7 @@ class GridrunApp(App[None]):
         """Every worker fails visibly, here, as a notification."""
         if event.state == WorkerState.ERROR:
             error = event.worker.error
-            self.notify(f"{event.worker.group}: {error}", title="error", severity="error",
-                        timeout=8)
+            report(self, event.worker.group, error)
             if event.worker.group == "bridge" and self.live:
                 self.set_timer(2.0, self.poll)  # keep watching after a transient error
 
@@ -110,4 +121,9 @@ class GridrunApp(App[None]):
         self.push_screen(HelpScreen())
 
     def action_quit(self) -> None:
+        if self.persist:
+            try:
+                self.main.save_state()
+            except Exception as error:  # never keep someone from quitting
+                report(self, "saving the view", error)
         self.exit(message=GOODBYE)

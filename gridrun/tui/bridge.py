@@ -25,6 +25,14 @@ class RunsChanged(Message):
         self.runs = runs
 
 
+class RunsRemoved(Message):
+    """Runs taken out of the store (never replaced by a later one)."""
+
+    def __init__(self, ids: tuple[str, ...]) -> None:
+        super().__init__()
+        self.ids = ids
+
+
 class MetricsArrived(Message):
     """New metric records of a run being watched (only the lines not seen before)."""
 
@@ -83,6 +91,8 @@ class Bridge:
         runs = tuple(update.runs)
         for i in range(0, len(runs), CHUNK):  # keys are handled between chunks at start
             out.append(RunsChanged(runs[i:i + CHUNK]))
+        if update.removed:
+            out.append(RunsRemoved(tuple(update.removed)))
         if update.engine is not None:
             out.append(EngineStateChanged(update.engine))
         if update.machine is not None:

@@ -33,7 +33,7 @@ def rows(n: int) -> list[RunRow]:
         out.append(RunRow(
             id=f"{(i * 2654435761) % 16**10:010x}", experiment=exp,
             variant=f"lr={(1e-3, 3e-4)[i % 2]:g} hidden={(64, 256)[(i // 2) % 2]}",
-            seed=i % 3, status=status, priority=1 if i % 11 == 0 else 0, step=step,
+            seed=i % 3, status=status, priority=1 if i == 0 else 0, step=step,
             total_steps=total if status != "queued" else None, epoch=step // 20, epochs=20,
             train_loss=None if status == "queued" else round(0.9 * math.exp(-step / 150) + 0.05, 4),
             best=None if status in ("queued", "running") else round(0.80 + (i % 7) / 100, 3),
@@ -71,7 +71,7 @@ def source(n: int = 24, *, gpus: bool = True) -> FakeSource:
     failed = next((r for r in all_rows if r.status == "failed"), all_rows[0])
     plan_runs = tuple({"id": r.id, "experiment": r.experiment, "variant": r.variant, "seed": r.seed}
                       for r in all_rows[:6])
-    table = Table("lr-sweep", ("lr", "hidden", "seeds", "accuracy", "loss"),
+    table = Table("lr-sweep", ("lr", "hidden", "seeds", "best val accuracy ↑", "best val loss ↓"),
                   (("0.001", "64", "3", "0.912 ± 0.004", "0.231 ± 0.01"),
                    ("0.001", "256", "2/3", "0.934 ± 0.003", "0.198 ± 0.02"),
                    ("0.0003", "64", "3", "0.874 ± 0.006", "0.301 ± 0.01"),

@@ -31,6 +31,7 @@ class RunRow:
     train_loss: float | None = None
     best: float | None = None  # best validation value of the early-stop metric
     best_name: str = ""
+    best_direction: str = ""  # "higher" or "lower", as the task declares it ("" when not known)
     samples_per_s: float | None = None
     slot: str | None = None
     ends_at: float | None = None  # when a running run should end, at its recent pace
@@ -80,6 +81,7 @@ class Update:
     engine: EngineState | None = None
     machine: Machine | None = None
     notice: str | None = None  # something the user must know, e.g. an empty store beside run folders
+    removed: tuple[str, ...] = ()  # ids taken out of the store (`gridrun rm`, x)
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,7 @@ class Source(Protocol):
     def cancel(self, ids: Sequence[str]) -> str: ...
     def retry(self, ids: Sequence[str], fresh: bool = False) -> str: ...
     def bump_priority(self, ids: Sequence[str], delta: int) -> str: ...
+    def remove(self, ids: Sequence[str], delete_folders: bool = False) -> str: ...
     def set_paused(self, paused: bool) -> str: ...
     def start_engine(self) -> str: ...
     def plan(self, path: str) -> Plan: ...
@@ -186,6 +189,7 @@ class FakeSource:
         self.rows: dict[str, RunRow] = {}
         self.engine = EngineState()
         self._pending: list[RunRow] = []
+        self._removed: list[str] = []
         self._engine_changed = False
 
     def poll(self) -> Update:
@@ -194,9 +198,13 @@ class FakeSource:
             self.rows.update({r.id: r for r in update.runs})
             self.engine = update.engine or self.engine
             return Update(runs=(*update.runs, *self._take()), engine=update.engine,
-                          machine=update.machine)
+                          machine=update.machine, removed=self._take_removed())
         engine, self._engine_changed = (self.engine if self._engine_changed else None), False
-        return Update(runs=self._take(), engine=engine)
+        return Update(runs=self._take(), engine=engine, removed=self._take_removed())
+
+    def _take_removed(self) -> tuple[str, ...]:
+        removed, self._removed = tuple(self._removed), []
+        return removed
 
     def _take(self) -> tuple[RunRow, ...]:
         pending, self._pending = tuple(self._pending), []
@@ -234,6 +242,15 @@ class FakeSource:
         for i in ids:
             self._change(i, priority=self.rows[i].priority + delta)
         return f"priority {delta:+d}"
+
+    def remove(self, ids: Sequence[str], delete_folders: bool = False) -> str:
+        self.actions.append(("remove", tuple(ids), delete_folders) if delete_folders
+                            else ("remove", tuple(ids)))
+        gone = [i for i in ids if self.rows.get(i) and self.rows[i].status != "running"]
+        for i in gone:
+            del self.rows[i]
+        self._removed += gone
+        return f"removed {len(gone)} of {len(ids)}"
 
     def set_paused(self, paused: bool) -> str:
         self.actions.append(("pause" if paused else "resume",))

@@ -46,8 +46,17 @@ def _row(run: Run) -> RunRow:
         total_steps=s.total_steps, epoch=s.epoch or 0,
         epochs=run.config.get("trainer", {}).get("epochs"), train_loss=s.train_loss,
         best=s.best_value, best_name=s.early_stop_metric or "",
+        best_direction=s.metrics.get(s.early_stop_metric or "", ""),
         samples_per_s=s.samples_per_s, slot=run.slot, queued_at=run.queued_at,
         started_at=run.started_at, ended_at=run.ended_at, note=run.note)
+
+
+def named(header: tuple[str, ...], value: str | None) -> tuple[str, ...]:
+    """The compare screen's headers say what the numbers are: `best val loss ↓`
+    (or `final loss ↓`), and `Welch p` for the test behind p."""
+    kind = "final" if value == "final" else "best val"
+    return tuple("Welch p" if h == "p" else f"{kind} {h}" if h.endswith(("↓", "↑"))
+                 and not h.startswith("Δ") else h for h in header)
 
 
 class Live:
@@ -70,7 +79,7 @@ class Live:
     def merge(self, row: RunRow) -> RunRow:
         p = self.progress
         row = replace(row, total_steps=p.total_steps or row.total_steps, best=p.best,
-                      best_name=p.metric or "", ends_at=p.ends_at)
+                      best_name=p.metric or "", best_direction=p.direction or "", ends_at=p.ends_at)
         if not p.lines:  # nothing logged yet
             return row
         return replace(row, step=p.step, epoch=p.epoch, train_loss=p.train_loss,
@@ -83,6 +92,7 @@ class StoreSource:
         self.python = python
         self.store = Store(self.root)
         self.seq = 0
+        self.removed_seq = 0  # removals read (store.removed_since)
         self.rows: dict[str, RunRow] = {}
         self.live: dict[str, Live] = {}
         self._telemetry_t = 0.0
@@ -91,12 +101,17 @@ class StoreSource:
         self._first = True  # the first poll warns of an empty store beside run folders
         self._skipped: dict[str, int] = {}  # run id -> metrics lines that were not records
         self._compare_lock = threading.Lock()  # the compare and export workers share the frames
-        self._frames: dict[str, Any] = {}  # experiment -> frames.ExperimentFrame (pandas: lazily)
+        self._frames: dict[str, Any] = {}  # experiment -> frames.ExperimentFrame
         self._shown: dict[str, tuple[Any, Table]] = {}  # experiment -> (its table, as shown)
 
     # ---- polling ------------------------------------------------------------------
 
     def poll(self) -> Update:
+        first = self.seq == 0 and self.removed_seq == 0
+        gone, self.removed_seq = self.store.removed_since(self.removed_seq)
+        gone = () if first else tuple(i for i in gone if self.rows.pop(i, None) is not None)
+        for run_id in gone:
+            self.live.pop(run_id, None)
         changed, self.seq = self.store.changes_since(self.seq)  # the first read: queue order
         out: dict[str, RunRow] = {}
         for run in changed:
@@ -111,7 +126,7 @@ class StoreSource:
                 out[run_id] = self.rows[run_id] = live.merge(self.rows[run_id])
         notice, self._first = (lost_queue_warning(self.root, self.store) if self._first else None), False
         return Update(runs=tuple(out.values()), engine=self._engine_state(),
-                      machine=self._machine(), notice=notice)
+                      machine=self._machine(), notice=notice, removed=gone)
 
     def _engine_state(self) -> EngineState | None:
         from gridrun.engine import daemon
@@ -200,6 +215,17 @@ class StoreSource:
         self.store.set_priority(ids, delta, relative=True)
         return f"priority {delta:+d} for {len(ids)} run{'s' * (len(ids) != 1)}"
 
+    def remove(self, ids: Sequence[str], delete_folders: bool = False) -> str:
+        """`gridrun rm`: queued and ended runs leave the store; folders kept unless asked."""
+        from gridrun.engine.rundirs import remove_runs
+
+        out = remove_runs(self.store, self.root, list(ids), delete_folders=delete_folders)
+        done = [i for i, o in out.items() if o.startswith("removed")]
+        refused = [f"{i}: {o}" for i, o in out.items() if not o.startswith("removed")]
+        folders = " and their folders" if delete_folders else " (folders kept)"
+        text = f"removed {len(done)} run{'s' * (len(done) != 1)}{folders if done else ''}"
+        return "; ".join([text, *refused[:2]]) + (f" (+{len(refused) - 2} more)" if len(refused) > 2 else "")
+
     def set_paused(self, paused: bool) -> str:
         (self.store.pause if paused else self.store.resume)()
         return "queue paused: running runs finish, nothing new starts" if paused else "queue resumed"
@@ -213,6 +239,11 @@ class StoreSource:
         return (done.stdout or done.stderr).strip() or "engine started"
 
     def plan(self, path: str) -> Plan:
+        target = Path(path).expanduser()
+        if not target.exists():
+            return Plan(path, errors=f"{path}: no such file")
+        if target.is_dir():
+            return Plan(path, errors=f"{path} is a folder: give an experiment file (TOML)")
         done = self._gridrun("plan", "--json", path)
         if done.returncode != 0:
             return Plan(path, errors=(done.stderr or done.stdout).strip() or "invalid file")
@@ -313,8 +344,8 @@ class StoreSource:
         with self._compare_lock:
             frame = self._frames.setdefault(experiment, frames.ExperimentFrame(self.root, experiment))
             if frame.refresh(self.store) or frame.table is None:
-                frame.table = analysis.ablation_table(frame.frame, experiment)
-                frame.table.attrs["notes"] = tables.notes(frame.frame)  # what the readers left out
+                frame.table = analysis.ablation(frame.rows, experiment)
+                frame.table.attrs["notes"] = tables.notes(frame.rows)  # what the readers left out
             return frame.table
 
     def compare(self, experiment: str) -> Table:
@@ -329,7 +360,7 @@ class StoreSource:
         shown = self._shown.get(experiment)
         if shown is None or shown[0] is not t:
             c = tables.table_cells(t)
-            table = Table(experiment, c.header, c.rows, c.best,
+            table = Table(experiment, named(c.header, t.attrs.get("value")), c.rows, c.best,
                           note="\n".join([tables.legend(t, "bold:"), *t.attrs["notes"]]))
             same = shown is not None and shown[1] == table  # e.g. a live run's log grew
             shown = self._shown[experiment] = (t, shown[1] if same else table)
@@ -342,6 +373,6 @@ class StoreSource:
 
         target = Path(path).expanduser()
         target.parent.mkdir(parents=True, exist_ok=True)
-        export.write_frame(self._table(experiment), target, force=force)
+        export.write_frame(self._table(experiment).to_frame(), target, force=force)
         return str(target)
 

@@ -83,3 +83,15 @@ async def test_the_dialog_shows_the_refusal_and_stays_open(tmp_path, cells):
         await pilot.press("enter")
         await until(pilot, lambda: not isinstance(app.screen, Prompt))
         assert len(queued(source)) == 2
+
+
+def test_comma_separated_overrides_and_every_problem_at_once(source, cells):
+    assert "queued clone" in source.clone(cells[0].id, "epochs=60, lr=0.005")
+    run = next(r for r in source.store.list_runs() if r.id != cells[0].id)
+    assert run.config["trainer"]["epochs"] == 60 and run.config["trainer"]["lr"] == 0.005
+    before = queued(source)
+    with pytest.raises(ValueError) as err:
+        source.clone(cells[0].id, "epochs=0 lr=fast")  # two bad keys: both said, one line each
+    text = str(err.value)
+    assert "epochs: expected an integer >= 1" in text and "lr: expected a finite float" in text
+    assert queued(source) == before

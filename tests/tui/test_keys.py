@@ -1,12 +1,17 @@
 """Pilot tests: press every key and check what changed (source actions, screens, widgets)."""
 
+from dataclasses import replace
+from pathlib import Path
+
 from tui_helpers import aio, settle, until
 
+from gridrun.tui import demo
 from gridrun.tui.app import GOODBYE
 from gridrun.tui.screens.compare import CompareScreen
-from gridrun.tui.screens.detail import DetailScreen, OverlayScreen
+from gridrun.tui.screens.detail import DetailScreen
 from gridrun.tui.screens.dialogs import Confirm, Prompt, QueueScreen
 from gridrun.tui.screens.help import HelpScreen
+from gridrun.tui.screens.overlay import OverlayScreen
 from gridrun.tui.widgets import runs_table
 
 
@@ -100,8 +105,12 @@ async def test_marks_overlay_and_detail(make_app):
         await pilot.press("v")
         assert isinstance(app.screen, OverlayScreen)
         await until(pilot, lambda: all(d.series for d in app.screen.data.values()))
-        await pilot.press("m", "l")
-        assert app.screen.log_scale
+        await pilot.press("m")  # a menu of the logged metrics
+        assert "val loss" in app.screen.choices
+        await pilot.press("down", "enter", "l")
+        assert app.screen.log_scale and app.screen.chosen is not None
+        legend = app.screen.query_one("Curves").legend.plain
+        assert all(f"seed {r.seed}" in legend for r in app.screen.runs)
         await pilot.press("escape", "escape")  # back; esc again clears the marks
         assert not app.main.table.marked
         await pilot.press("enter")
@@ -183,11 +192,11 @@ async def test_compare_and_export(make_app, tmp_path):
         assert app.screen.query_one("DataTable").row_count == 4
         await pilot.press("j", "e")
         prompt = app.screen
-        assert prompt.query_one("Input").value == "/tmp/gridrun-demo/lr-sweep.csv"
+        assert prompt.query_one("Input").value == str(Path.cwd() / "lr-sweep.csv")  # not the root
         prompt.query_one("Input").value = str(tmp_path / "out.csv")
         await pilot.press("enter")
         await until(pilot, lambda: (tmp_path / "out.csv").exists())
-        assert (tmp_path / "out.csv").read_text().startswith("lr,hidden,seeds,accuracy,loss\n")
+        assert (tmp_path / "out.csv").read_text().startswith("lr,hidden,seeds,best val accuracy ↑,best val loss ↓\n")
         assert ("export", "lr-sweep", str(tmp_path / "out.csv")) in src.actions
 
 
@@ -202,11 +211,11 @@ async def test_filter_sort_group(make_app):
         assert table.row_count == 3 and all(table.runs[k].status == "failed" for k in table.shown)
         await pilot.press("enter", "escape")
         assert table.row_count == 24
-        await pilot.press("s")  # sort by status
+        await pilot.press("s", "s")  # the sort menu, then status
         statuses = [table.runs[i].status for i in table.order]
         assert statuses == sorted(statuses)
         await pilot.press("g")
-        exps = [table.runs[i].experiment for i in table.order]
+        exps = [table.runs[i].experiment for i in table.run_order]
         assert exps == sorted(exps)
 
 
@@ -244,3 +253,27 @@ async def test_runs_changed_repaints_only_the_changed_line(make_app):
         table.apply([replace(run, step=run.step + 1, train_loss=0.1234)])  # the same again
         await pilot.pause()
         assert table.lines_rendered - rendered == 1
+
+
+@aio
+async def test_clearing_the_filter_keeps_queue_order_and_refilters_once(make_app):
+    # Clearing a filter used to rebuild the table in arrival order, not queue
+    # order, and the cleared box's own change event refiltered it again 150 ms
+    # later, moving rows under a user who had already scrolled.
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        table = app.main.table
+        urgent = [replace(r, id=f"urgent{k}", priority=5) for k, r in enumerate(demo.rows(2))]
+        app.main.runs_changed(tuple(urgent))  # they arrive last, and are first in the queue
+        queue_order = list(table.order)
+        assert queue_order[:2] == ["urgent0", "urgent1"]
+        await pilot.press("slash", *"lr")
+        await pilot.press("enter")
+        rebuilds = []
+        set_filter = table.set_filter
+        table.set_filter = lambda needle: (rebuilds.append(needle), set_filter(needle))
+        await pilot.press("escape")
+        await pilot.pause(0.4)  # past the filter's debounce
+        assert rebuilds == [""]
+        assert table.order == queue_order

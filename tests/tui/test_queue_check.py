@@ -77,3 +77,56 @@ async def test_enter_never_queues_after_a_failed_check(make_app):
         await until(pilot, lambda: len(src.actions) == 4)
         assert [a[0] for a in src.actions] == ["plan", "check", "plan", "check"]
         assert isinstance(app.screen, QueueScreen) and isinstance(app.screen.plan, Plan)
+
+
+@aio
+async def test_tab_takes_the_suggestion_and_stays_in_the_field(make_app, tmp_path, monkeypatch):
+    from gridrun.tui.screens.dialogs import QueueScreen
+
+    (tmp_path / "experiments-long-name.toml").write_text("")
+    monkeypatch.chdir(tmp_path)
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        app.push_screen(QueueScreen(""))
+        await pilot.pause()
+        box = app.screen.query_one("#path")
+        await pilot.press(*"exp")
+        await pilot.pause(0.2)
+        await pilot.press("tab")
+        await pilot.pause()
+        assert box.value == "experiments-long-name.toml" and app.focused is box
+        await pilot.press("tab", "x")  # a second tab neither leaves nor selects all
+        assert box.value == "experiments-long-name.tomlx" and app.focused is box
+
+
+def test_a_missing_file_is_one_plain_line(tmp_path):
+    from gridrun.tui.screens.dialogs import plain_lines
+    from gridrun.tui.store_source import StoreSource
+
+    plan = StoreSource(tmp_path / "runs").plan(str(tmp_path / "nope.toml"))
+    assert plan.errors == f"{tmp_path / 'nope.toml'}: no such file"
+    typer_text = ("Usage: python -m gridrun plan [OPTIONS] FILE\nTry 'python -m gridrun plan --help' "
+                  "for help.\n╭─ Error ─────╮\n│ Invalid value for 'FILE': File 'x' does not exist. │\n"
+                  "╰─────────────╯\n")
+    assert plain_lines(typer_text) == "Invalid value for 'FILE': File 'x' does not exist."
+
+
+@aio
+async def test_the_toast_after_queueing_names_E_when_the_engine_is_stopped(make_app):
+    from dataclasses import replace
+
+    from gridrun.tui.screens.dialogs import QueueScreen
+
+    app, _ = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        app.main.engine_changed(replace(app.main.engine, running=False))
+        screen = QueueScreen()
+        app.push_screen(screen)
+        await pilot.pause()
+        screen.queued("queued 6 runs\nthe engine is not running: start it with "
+                      "`gridrun engine start --root /x`")
+        await pilot.pause()
+        text = "\n".join(n.message for n in app._notifications)
+        assert "press E to start it" in text and "gridrun engine start" not in text

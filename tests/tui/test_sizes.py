@@ -3,7 +3,8 @@
 import pytest
 from tui_helpers import aio, settle, until
 
-from gridrun.tui.screens.detail import DetailScreen, OverlayScreen
+from gridrun.tui.screens.detail import DetailScreen
+from gridrun.tui.screens.overlay import OverlayScreen
 from gridrun.tui.widgets import fmt
 from gridrun.tui.widgets.curves import SMOOTHING, ema, step_smoothing
 from gridrun.tui.widgets.keys import KeyBar
@@ -84,5 +85,5 @@ async def test_smoothing_keys_and_overlay_defaults_to_validation(make_app):
         assert isinstance(app.screen, OverlayScreen)
         await until(pilot, lambda: all(d.series for d in app.screen.data.values()))
         assert app.screen.metric == "val accuracy"  # the runs' tracked metric (best_name)
-        await pilot.press("m")
+        await pilot.press("m", "down", "enter")
         assert app.screen.metric != "val accuracy"

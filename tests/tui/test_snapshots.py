@@ -67,3 +67,38 @@ def test_help(snap_compare, make_app):
         await pilot.press("question_mark")
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=open_help)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_grouped(snap_compare, make_app, size):
+    """g: a header row per experiment with its run count and states."""
+    app, _ = make_app(40)
+
+    async def group(pilot):
+        await settle(pilot)
+        await pilot.press("g")
+        app.clear_notifications()
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=size, run_before=group)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_detail_output_scrolled(snap_compare, make_app, size):
+    """The output tab scrolled to a search match (highlighted), not at the tail."""
+    app, src = make_app()
+    for run_id in src._output:
+        src._output[run_id] = "".join(f"train step {s:4d}/400  loss {1 / s:.4f}\n"
+                                      for s in range(1, 401))
+
+    async def open_output(pilot):
+        await settle(pilot)
+        await pilot.press("enter")
+        await until(pilot, lambda: "train loss" in app.screen.data.series)
+        await pilot.press("tab")
+        await until(pilot, lambda: app.screen.query_one("#output").line_count >= 400)
+        await pilot.press("slash", *"step  120/", "enter")
+        app.clear_notifications()
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=size, run_before=open_output)

@@ -127,7 +127,7 @@ def test_queue_watch_compare_export_quit_in_tmux(tmp_path):
         finally:
             daemon.stop(root, force=True)
 
-    table = pd.read_csv(root / "tricks.csv")
+    table = pd.read_csv(work / "tricks.csv")  # the export's default: the current folder
     assert list(table["ablation"]) == ["baseline", "sgd"]
     assert list(table["n"]) == [2, 2]
     assert {"loss_mean", "loss_std", "accuracy_mean", "loss_delta", "loss_p"} <= set(table.columns)
@@ -166,3 +166,75 @@ def test_no_color_paints_in_greys_only(tmp_path):
             term.close()
     assert colours(screens["colour"]) - GREYS, "the check needs a coloured screen to compare with"
     assert colours(screens["no colour"]) <= GREYS, screens["no colour"]
+
+
+def test_clone_with_two_overrides_then_reopen_in_tmux(tmp_path):
+    """Issue 17's crash: clone with `epochs=60 lr=0.005`, quit, open again. The clone is
+    one run with both keys; a row of the wrong types (what the old clone queued) renders;
+    the interface stays up and quits with status 0."""
+    import json
+
+    from test_engine_kit import make_run
+
+    root = tmp_path / "runs"
+    with Store(root) as store:
+        run = make_run(seed=0)
+        store.enqueue([run])
+        store.transition(run.id, "queued", "running")
+        store.transition(run.id, "running", "completed")
+        bad = make_run(seed=1)  # the row the old clone queued: epochs = '60 lr=0.005'
+        store.enqueue([bad])
+        config = bad.to_dict()
+        config["trainer"] = {**config["trainer"], "epochs": "60 lr=0.005"}
+        with store._tx() as db:
+            db.execute("UPDATE runs SET config = ?, summary = ? WHERE id = ?",
+                       (json.dumps(config), json.dumps({"step": "x", "train_loss": "y"}), bad.id))
+    rc = tmp_path / "rc"
+    command = (f"{APP_ENV} GRIDRUN_ROOT={root} {sys.executable} -m gridrun; echo $? > {rc}; "
+               "sleep 30")
+
+    def opened() -> Terminal:
+        if rc.exists():
+            rc.unlink()
+        term = Terminal(tmp_path / "tmux.sock", tmp_path, command, size=(100, 30))
+        term.wait_for("queue file")
+        term.wait_for(bad.id[:6])
+        time.sleep(0.5)
+        return term
+
+    term = opened()
+    try:
+        for _ in range(5):  # the completed run is the first row
+            term.keys("k")
+        term.keys("d")
+        term.wait_for("Clone")
+        term.keys("C-u")  # the field starts empty, but be sure
+        term.tmux("send-keys", "-t", "gridrun", "-l", "epochs=60 lr=0.005")
+        term.keys("Enter")
+        term.wait_for("queued clone")
+        term.keys("q")
+        deadline = time.monotonic() + 10
+        while not rc.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert rc.read_text().strip() == "0"
+    finally:
+        term.close()
+
+    with Store(root) as store:
+        clones = [r for r in store.list_runs() if r.id not in (run.id, bad.id)]
+    assert len(clones) == 1
+    assert clones[0].config["trainer"]["epochs"] == 60 and clones[0].config["trainer"]["lr"] == 0.005
+
+    term = opened()
+    try:
+        screen = term.wait_for(clones[0].id)
+        assert "epochs=60" in screen and "Traceback" not in screen
+        time.sleep(1.5)  # a few refreshes later, still up
+        assert term.alive() and not rc.exists()
+        term.keys("q")
+        deadline = time.monotonic() + 10
+        while not rc.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert rc.read_text().strip() == "0"
+    finally:
+        term.close()

@@ -54,14 +54,15 @@ async def test_queue_order_after_sorting_keeps_the_file_order(make_app):
         table = app.main.table
         some = next(iter(table.runs.values()))
         # two runs queued together (same moment, same priority), ids not in file order
-        late = tuple(replace(some, id=i, status="queued", queued_at=some.queued_at + 1e6)
+        late = tuple(replace(some, id=i, status="queued", priority=0, queued_at=some.queued_at + 1e6)
                      for i in ("zz-first", "aa-second"))
         app.main.runs_changed(late)
         await settle(pilot)
         before = list(table.order)
         assert before[-2:] == ["zz-first", "aa-second"]
-        for _ in range(len(runs_table.SORTABLE) + 1):  # every column, then queue order again
-            await pilot.press("s")
+        from gridrun.tui.screens.sort import CHOICES
+        for column in (*runs_table.SORTABLE, None):  # every column, then queue order again
+            await pilot.press("s", CHOICES[column][0])
         await settle(pilot)
         after = list(table.order)
         assert table.sort_column is None and after.index("zz-first") < after.index("aa-second")
@@ -86,3 +87,22 @@ async def test_a_tick_renders_only_visible_changed_lines(make_app):
         await pilot.press("j", "j", "k")  # the cursor moves: its lines come from the cache
         await pilot.pause()
         assert table.lines_rendered == rendered
+
+
+@aio
+async def test_a_line_rendered_at_another_width_is_rendered_once_at_the_new_one(make_app):
+    # The table's first frame can come before its scrollbar takes two columns.
+    # Textual's LRUCache.set keeps an existing key's value, so the line of the
+    # old width stayed cached and was rendered again on every paint.
+    app, _ = make_app(500)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        table = app.main.table
+        table.render_line(1)
+        stale = table._lines.get(table.order[0])
+        table._lines.discard(table.order[0])
+        table._lines.set(table.order[0], stale.adjust_cell_length(stale.cell_length + 2))
+        rendered = table.lines_rendered
+        for _ in range(3):
+            assert table.render_line(1).cell_length == stale.cell_length
+        assert table.lines_rendered == rendered + 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 from rich.text import Text
@@ -11,6 +12,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Static
 
+from gridrun.tui.guard import refresh
 from gridrun.tui.screens.detail import QUIT
 from gridrun.tui.source import Table
 from gridrun.tui.widgets.keys import KeyBar
@@ -40,6 +42,7 @@ class CompareScreen(Screen):
         yield KeyBar(("export", "app.pop_screen", "app.help", "app.quit"))
 
     def on_mount(self) -> None:
+        self.query_one(DataTable).loading = True  # until the first table is built
         self.load()
         self.set_interval(2.0, self.load)
 
@@ -48,11 +51,13 @@ class CompareScreen(Screen):
         table = self.app.source.compare(self.experiment)
         self.app.call_from_thread(self.show, table)
 
+    @refresh
     def show(self, t: Table) -> None:
+        dt = self.query_one(DataTable)
+        dt.loading = False
         if t == self.shown:
             return
         self.shown = t
-        dt = self.query_one(DataTable)
         row = dt.cursor_row
         dt.clear(columns=True)
         dt.add_columns(*t.columns)
@@ -71,7 +76,7 @@ class CompareScreen(Screen):
 
     def action_export(self) -> None:
         from gridrun.tui.screens.dialogs import Prompt
-        default = str(self.app.source.root / f"{self.experiment}.csv")
+        default = str(Path.cwd() / f"{self.experiment}.csv")  # where the user is, not the root
 
         def done(path: str | None) -> None:
             if path:

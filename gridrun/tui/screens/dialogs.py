@@ -36,6 +36,33 @@ class Confirm(ModalScreen[bool]):
         self.dismiss(yes)
 
 
+class RemoveConfirm(ModalScreen[str | None]):
+    """x: remove runs from the store; `y` keeps their folders, `D` deletes them too."""
+
+    CSS_PATH = "dialogs.tcss"
+    BINDINGS: ClassVar = [Binding("y", "answer('keep')", "remove, keep folders"),
+                          Binding("D", "answer('delete')", "remove and delete folders"),
+                          Binding("n,escape", "answer(None)", "no")]
+
+    def __init__(self, ids: list[str], running: int = 0) -> None:
+        super().__init__()
+        self.ids, self.running = ids, running
+
+    def compose(self) -> ComposeResult:
+        n = len(self.ids)
+        which = ", ".join(self.ids[:3]) + ("…" if n > 3 else "")
+        skipped = (f" ({self.running} running run{'s' * (self.running != 1)} left alone: "
+                   "cancel first)") if self.running else ""
+        with Vertical(classes="dialog"):
+            yield Label(f"Remove {n} run{'s' * (n != 1)} ({which}) from the queue and the store?"
+                        f"{skipped}")
+            yield Label("y: remove, keep folders   D: remove and delete folders   n / esc: no",
+                        classes="hint")
+
+    def action_answer(self, answer: str | None) -> None:
+        self.dismiss(answer)
+
+
 class Prompt(ModalScreen[str | None]):
     """A one-line answer. With `submit`, enter calls it (in a worker) with the answer:
     its return value is the dialog's result; what it raises (a ValueError saying what
@@ -104,6 +131,26 @@ class PathSuggester(Suggester):
         return None
 
 
+class PathInput(Input):
+    """The path field: tab takes the suggestion (and focus stays in the field)."""
+
+    BINDINGS: ClassVar = [Binding("tab", "complete", "complete", show=False)]
+
+    def action_complete(self) -> None:
+        self.cursor_position = len(self.value)
+        self.action_cursor_right()  # at the end of the text, this accepts the suggestion
+
+
+def plain_lines(text: str) -> str:
+    """A command's complaint as plain lines: no usage banner, no boxes, no `--help` hint."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip().strip("╭╮╰╯│─ ").strip()
+        if line and line != "Error" and not line.startswith(("Usage:", "Try '")):
+            out.append(line)
+    return "\n".join(out)
+
+
 class QueueScreen(ModalScreen[None]):
     """`a`: a file path; enter checks it (subprocesses run `gridrun plan --json`, then
     `gridrun plan --check --json` for its tasks) and shows the plan or the problems;
@@ -121,7 +168,8 @@ class QueueScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide"):
             yield Label("Queue an experiment file (tab completes; enter checks, enter again queues)")
-            yield Input(self.default, id="path", suggester=PathSuggester(use_cache=False))
+            yield PathInput(self.default, id="path", suggester=PathSuggester(use_cache=False),
+                            select_on_focus=False)
             with VerticalScroll(id="plan-box"):
                 yield Static("", id="plan")
             yield Footer()
@@ -178,7 +226,7 @@ class QueueScreen(ModalScreen[None]):
         box = self.query_one("#plan", Static)
         if not plan.ok:
             box.update(f"[b red]{escape(plan.path)} has problems; nothing was queued[/]\n"
-                       f"{escape(plan.errors)}")
+                       f"{escape(plain_lines(plan.errors))}")
             return
         known = getattr(self.app, "known_status", lambda i: None)
         done = sum(known(r["id"]) == "completed" for r in plan.runs)
@@ -198,5 +246,13 @@ class QueueScreen(ModalScreen[None]):
     @work(thread=True, group="queue", exclusive=True, exit_on_error=False)
     def queue(self, path: str) -> None:
         message = self.app.source.queue_file(path)
-        self.app.call_from_thread(self.app.notify, message)
-        self.app.call_from_thread(self.dismiss, None)
+        self.app.call_from_thread(self.queued, message)
+
+    def queued(self, message: str) -> None:
+        """The toast names the interface's own key for a stopped engine, not the CLI."""
+        lines = [line for line in message.splitlines() if "gridrun engine start" not in line]
+        engine = getattr(getattr(self.app, "main", None), "engine", None)
+        if engine is not None and not engine.running:
+            lines.append("the engine is stopped: press E to start it")
+        self.app.notify("\n".join(lines) or message)
+        self.dismiss(None)

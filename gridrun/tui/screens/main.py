@@ -5,25 +5,32 @@ from __future__ import annotations
 import contextlib
 from typing import ClassVar
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Input
 
+from gridrun.tui import state
+from gridrun.tui.guard import refresh
 from gridrun.tui.source import ACTIVE, RETRYABLE, EngineState, Machine, RunRow
+from gridrun.tui.state import Saved
+from gridrun.tui.widgets import fmt
 from gridrun.tui.widgets.keys import KeyBar
 from gridrun.tui.widgets.panels import MachinePanel, StatusHeader
 from gridrun.tui.widgets.runs_table import RunsTable
 
 # The actions whose availability depends on the rows or the engine (see check_action).
 KEYED = ("detail", "mark", "overlay", "cancel", "retry", "priority", "clone", "compare",
-         "start_engine")
+         "start_engine", "remove")
 # The footer keeps these first when the terminal is narrow; `?` lists every key.
 FOOTER_FIRST = ("detail", "app.help", "app.quit", "queue", "mark", "overlay", "cancel", "retry",
                 "filter", "sort", "start_engine", "pause", "compare", "clone", "group")
 QUIT = Binding("q", "app.quit", "quit", tooltip="the engine keeps running")
+# keys whose action may not apply to the selection: pressed anyway, they say why (on_key)
+REFUSABLE = {"c": "cancel", "r": "retry", "R": "retry", "plus": "priority", "equals_sign": "priority",
+             "minus": "priority", "v": "overlay", "E": "start_engine"}
 
 
 class MainScreen(Screen):
@@ -38,6 +45,7 @@ class MainScreen(Screen):
         Binding("R", "retry(True)", "retry from scratch", show=False),
         Binding("plus,equals_sign", "priority(1)", "prio+", key_display="+"),
         Binding("minus", "priority(-1)", "prio-", key_display="-"),
+        Binding("x,delete", "remove", "remove"),
         Binding("p", "pause", "pause/resume"),
         Binding("d", "clone", "clone"),
         Binding("t", "compare", "compare"),
@@ -56,6 +64,7 @@ class MainScreen(Screen):
         self.engine: EngineState | None = None
         self._filter_timer = None
         self._keys_shown: tuple | None = None  # what the footer last showed, see _refresh_keys
+        self.saved = Saved()  # the view as it was last quit (state.py); its cursor is restored once
 
     def compose(self) -> ComposeResult:
         yield StatusHeader(id="header")
@@ -71,25 +80,62 @@ class MainScreen(Screen):
     def on_mount(self) -> None:
         self.query_one(StatusHeader).show(str(self.app.source.root), None)
         self.table.focus()
+        if self.app.persist:
+            self.restore_state()
+
+    def restore_state(self) -> None:
+        """Filter, sort, grouping and marks as they were on quit; the cursor once its run arrives."""
+        saved, problem = state.load(self.app.source.root)
+        if problem:
+            self.notify(problem, title="view not restored", severity="warning", timeout=8)
+        t = self.table
+        t.needle, t.reverse, t.grouped = saved.filter, saved.reverse, saved.grouped
+        t.sort_column = saved.sort if saved.sort in t.sortable_columns() else None
+        t.marked = set(saved.marks)
+        box = self.query_one("#filter", Input)
+        with box.prevent(Input.Changed):  # the table has the needle already
+            box.value = saved.filter
+        self.saved = saved
+
+    def save_state(self) -> None:
+        state.save(self.app.source.root, self.saved.of(self.table))
 
     def on_runs_table_cursor_moved(self) -> None:
         self._refresh_keys()  # cancel, retry and priority depend on the run under the cursor
 
     # ---- fed by the bridge ------------------------------------------------------
 
+    @refresh
     def runs_changed(self, runs: tuple[RunRow, ...]) -> None:
         with self.app.batch_update():
             self.table.apply(runs)
+            self.saved.restore_cursor(self.table)
         self._refresh_keys()
+        self._show_count()
 
+    def _show_count(self) -> None:
+        """`12 of 31 shown` in the header while a filter hides rows."""
+        t = self.table
+        self.query_one(StatusHeader).show_filtered(
+            len(t.shown) if t.needle else None, len(t.runs), t.needle)
+
+    @refresh
+    def runs_removed(self, ids: tuple[str, ...]) -> None:
+        self.table.remove(ids)
+        self._refresh_keys()
+        self._show_count()
+
+    @refresh
     def engine_changed(self, engine: EngineState) -> None:
         self.engine = engine
         self.query_one(StatusHeader).show(str(self.app.source.root), engine)
         self._refresh_keys()
 
+    @refresh
     def machine_sampled(self, machine: Machine) -> None:
         self.query_one(MachinePanel).show(machine)
 
+    @refresh
     def clock_ticked(self) -> None:
         self.table.tick()
 
@@ -129,9 +175,35 @@ class MainScreen(Screen):
             return None if self.engine is None or self.engine.running else True
         return True
 
+    def on_key(self, event: events.Key) -> None:
+        """A key whose action does not apply here says why (the footer shows it dim)."""
+        action = REFUSABLE.get(event.key)
+        if action and not isinstance(self.focused, Input) and self.check_action(action, ()) is None:
+            event.stop()
+            self.notify(self.why_not(action), title="nothing done", severity="warning", timeout=4)
+
+    def why_not(self, action: str) -> str:
+        if action == "start_engine":
+            return ("the engine is already running" if self.engine is not None
+                    else "the engine's state is not known yet")
+        sel = [self.table.runs[i] for i in self.table.selection]
+        if not sel:
+            return "no run here" + (": the filter hides every run (esc clears it)" if self.table.needle else "")
+        what = (f"{sel[0].id} is {fmt.text(sel[0].status)}" if len(sel) == 1
+                else f"none of the {len(sel)} marked runs is")
+        return {
+            "cancel": f"{what} {'queued or running' if len(sel) > 1 else ''}".strip()
+                      + ": only queued or running runs can be cancelled",
+            "retry": f"{what}{' failed, diverged, out of memory or cancelled' * (len(sel) > 1)}: "
+                     "r retries failed, diverged, out-of-memory or cancelled runs",
+            "priority": f"{what}{' queued' * (len(sel) > 1)}: priority orders the queue, "
+                        "so only queued runs have one to change",
+            "overlay": "mark runs with space first: v overlays the marked runs' curves",
+        }.get(action, "not available here")
+
     def action_detail(self) -> None:
-        if isinstance(self.focused, Input):
-            self.table.focus()
+        if isinstance(self.focused, Input):  # enter in the filter bar (a priority binding)
+            self.close_filter(self.focused)
             return
         if (run := self.table.current) is not None:
             from gridrun.tui.screens.detail import DetailScreen
@@ -142,7 +214,7 @@ class MainScreen(Screen):
         self.refresh_bindings()
 
     def action_overlay(self) -> None:
-        from gridrun.tui.screens.detail import OverlayScreen
+        from gridrun.tui.screens.overlay import OverlayScreen
         self.app.push_screen(OverlayScreen([self.table.runs[i] for i in self.table.selection]))
 
     def action_queue(self) -> None:
@@ -174,8 +246,28 @@ class MainScreen(Screen):
                 self.act("retry", ids, True)
         self.app.push_screen(Confirm(question), done)
 
+    def action_remove(self) -> None:
+        from gridrun.tui.screens.dialogs import RemoveConfirm
+        ids = [i for i in self.table.selection if self.table.runs[i].status != "running"]
+        running = len(self.table.selection) - len(ids)
+        if not ids:
+            self.notify("a running run cannot be removed: cancel it first (c)", severity="warning")
+            return
+
+        def done(answer: str | None) -> None:
+            if answer:
+                self.act("remove", ids, answer == "delete")
+        self.app.push_screen(RemoveConfirm(ids, running), done)
+
     def action_priority(self, delta: int) -> None:
-        self.act("bump_priority", self.table.selection, delta)
+        """Only queued runs have a priority that matters; the row moves to its place in
+        the queue when the change arrives (RunsTable.apply), the toast says the new value."""
+        ids = [i for i in self.table.selection if self.table.runs[i].status == "queued"]
+        new = sorted({(fmt.whole(self.table.runs[i].priority) or 0) + delta for i in ids})
+        which = ids[0] if len(ids) == 1 else f"{len(ids)} runs"
+        self.act("bump_priority", ids, delta,
+                 say=f"priority of {which}: {', '.join(map(str, new))} "
+                     f"({'earlier' if delta > 0 else 'later'} in the queue)")
 
     def action_pause(self) -> None:
         self.act("set_paused", not (self.engine and self.engine.paused))
@@ -201,6 +293,8 @@ class MainScreen(Screen):
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
+        with box.prevent(Input.Changed):  # the filter in force, to edit
+            box.value = self.table.needle
         box.display = True
         box.focus()
 
@@ -209,13 +303,22 @@ class MainScreen(Screen):
         # Refilter once typing pauses: each refilter rebuilds the table.
         if self._filter_timer is not None:
             self._filter_timer.stop()
-        self._filter_timer = self.set_timer(0.15, lambda: self.table.set_filter(event.value))
+        self._filter_timer = self.set_timer(0.15, lambda: self.set_filter(event.value))
+
+    def set_filter(self, needle: str) -> None:
+        self.table.set_filter(needle)
+        self._show_count()
 
     @on(Input.Submitted, "#filter")
     def filter_done(self, event: Input.Submitted) -> None:
+        self.close_filter(event.input)
+
+    def close_filter(self, box: Input) -> None:
+        """Enter keeps the filter and closes the bar (the header says what is shown)."""
         if self._filter_timer is not None:
             self._filter_timer.stop()
-        self.table.set_filter(event.value)
+        self.set_filter(box.value.strip())
+        box.display = False
         self.table.focus()
 
     def action_clear(self) -> None:
@@ -223,8 +326,12 @@ class MainScreen(Screen):
         if box.value or box.display:
             if self._filter_timer is not None:
                 self._filter_timer.stop()
-            box.value, box.display = "", False
-            self.table.set_filter("")
+            with box.prevent(Input.Changed):  # else its change event refilters again, later
+                box.value = ""
+            box.display = False
+            self.set_filter("")
+        elif self.table.needle:
+            self.set_filter("")
         elif self.table.marked:
             self.table.marked.clear()
             self.table.set_filter(self.table.needle)
@@ -232,7 +339,17 @@ class MainScreen(Screen):
         self.refresh_bindings()
 
     def action_sort(self, reverse: bool = False) -> None:
-        self.notify(f"sorted by {self.table.cycle_sort(reverse)}", timeout=2)
+        table = self.table
+        if reverse:
+            self.notify(f"sorted by {table.sort_by(table.sort_column, not table.reverse)}"
+                        f" {'▼' if table.reverse else '▲'}", timeout=2)
+            return
+        from gridrun.tui.screens.sort import SortMenu
+
+        def done(column: str | bool | None) -> None:
+            if column is not False:
+                self.notify(f"sorted by {table.sort_by(column or None)}", timeout=2)
+        self.app.push_screen(SortMenu(table.sortable_columns(), table.sort_column), done)
 
     def action_group(self) -> None:
         self.table.grouped = not self.table.grouped
@@ -240,10 +357,10 @@ class MainScreen(Screen):
         self.notify("grouped by experiment" if self.table.grouped else "not grouped", timeout=2)
 
     @work(thread=True, group="actions", exit_on_error=False)
-    def act(self, method: str, *args) -> None:
+    def act(self, method: str, *args, say: str | None = None) -> None:
         if args and isinstance(args[0], list) and not args[0]:
             self.app.call_from_thread(self.notify, "nothing to do for the selected runs",
                                       severity="warning")
             return
         message = getattr(self.app.source, method)(*args)
-        self.app.call_from_thread(self.notify, message)
+        self.app.call_from_thread(self.notify, say or message)

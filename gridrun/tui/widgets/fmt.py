@@ -1,8 +1,17 @@
-"""Formatting shared by the widgets: numbers, durations, glyphs, bars."""
+"""Formatting shared by the widgets: numbers, durations, glyphs, bars.
+
+Every value the interface shows from the store, a summary or a metrics line
+goes through here, and each function accepts any type: what it cannot format
+as a number (a string where a number belongs, a list, a huge integer) it shows
+as text, clipped; it never raises. `rank` gives any value a sort key that
+compares with every other value's.
+"""
 
 from __future__ import annotations
 
+import math
 import time
+from typing import Any
 
 from rich.text import Text
 
@@ -14,23 +23,80 @@ GLYPHS = {"queued": ("·", "dim"), "running": ("▶", "bold cyan"), "completed":
 SPARKS = "▁▂▃▄▅▆▇█"
 
 
-def status(s: str) -> Text:
-    glyph, style = GLYPHS.get(s, ("?", ""))
-    return Text(f"{glyph} {s}", style=style)
+TEXT_WIDTH = 40  # a value shown as text is clipped to this many characters
 
 
-def num(v: float | None, digits: int = 4) -> str:
+def text(v: Any, width: int = TEXT_WIDTH) -> str:
+    """Any value as one line of text: '-' for None, clipped with '…'."""
     if v is None:
         return "-"
-    if abs(v) >= 1000:
-        return f"{v / 1000:.{max(2, digits - 1)}g}k"
-    return f"{v:.{digits}g}"
+    try:
+        s = v if isinstance(v, str) else repr(v) if isinstance(v, list | dict | tuple) else str(v)
+    except Exception:  # a value whose str() raises: say what it is
+        s = f"<{type(v).__name__}>"
+    s = " ".join(s.split())
+    return s if len(s) <= width else s[:width - 1] + "…"
 
 
-def duration(seconds: float | None) -> str:
-    if seconds is None or seconds < 0:
+def real(v: Any) -> float | None:
+    """`v` as a float when it is a number (bool is not), else None; a huge int is ±inf."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+
+
+def finite(v: Any) -> float | None:
+    f = real(v)
+    return f if f is not None and math.isfinite(f) else None
+
+
+def whole(v: Any) -> int | None:
+    """`v` as an int when it is a finite number, else None."""
+    f = finite(v)
+    return None if f is None else int(f)
+
+
+def rank(v: Any) -> tuple:
+    """A sort key for any value: numbers (by value), then text, then None; never a
+    comparison between a str and an int."""
+    if v is None:
+        return (2, 0.0, "")
+    f = real(v)
+    if f is not None:
+        return (0, -math.inf if math.isnan(f) else f, "")
+    return (1, 0.0, text(v))
+
+
+def status(s: Any) -> Text:
+    glyph, style = GLYPHS.get(s, ("?", "")) if isinstance(s, str) else ("?", "")
+    return Text(f"{glyph} {text(s, 20)}", style=style)
+
+
+def num(v: Any, digits: int = 4) -> str:
+    if v is None:
         return "-"
-    s = int(seconds)
+    f = real(v)
+    if f is None:
+        return text(v, 12)
+    if not math.isfinite(f):
+        return "nan" if math.isnan(f) else ("inf" if f > 0 else "-inf")
+    if abs(f) >= 1e15:
+        return f"{f:.{max(1, digits - 2)}e}"
+    if abs(f) >= 1000:
+        return f"{f / 1000:.{max(2, digits - 1)}g}k"
+    return f"{f:.{digits}g}"
+
+
+def duration(seconds: Any) -> str:
+    f = finite(seconds)
+    if f is None:
+        return "-" if seconds is None or real(seconds) is not None else text(seconds, 12)
+    if f < 0:
+        return "-"
+    s = int(f)
     if s < 3600:
         return f"{s // 60}:{s % 60:02d}"
     return f"{s // 3600}h{s % 3600 // 60:02d}"
@@ -41,8 +107,13 @@ def bar(fraction: float, width: int = 8) -> str:
     return "█" * filled + "░" * (width - filled)
 
 
-def count(n: int) -> str:
+def count(n: Any) -> str:
     """Step counts in at most 5 characters: 9999, 37.5k, 1.25M, 2G."""
+    if (f := finite(n)) is None:
+        return num(n)
+    if f >= 999_500_000_000:
+        return f"{f:.0e}"
+    n = int(f)
     if n < 10_000:
         return str(n)
     if n < 999_500:  # 999,999 would round to "1e+03k"
@@ -52,46 +123,57 @@ def count(n: int) -> str:
     return f"{n / 1_000_000_000:.3g}G"
 
 
-PROGRESS_WIDTH = 18  # the runs table's progress column
+PROGRESS_WIDTH = 15  # the runs table's progress column
+
+
+def fraction(r: RunRow) -> float | None:
+    """How far a run is (0..1), from its steps, else its epochs; None when not known."""
+    step, total = finite(r.step) or 0.0, finite(r.total_steps)
+    if total:
+        return step / total
+    epoch, epochs = finite(r.epoch) or 0.0, finite(r.epochs)
+    return epoch / epochs if epochs else None
 
 
 def progress(r: RunRow) -> str:
-    if r.total_steps:
-        text = f"{count(r.step)}/{count(r.total_steps)}"
-        return f"{bar(r.step / r.total_steps, min(8, PROGRESS_WIDTH - 1 - len(text)))} {text}"
-    if r.epochs and r.status == "running":  # a run from before the "start" line
-        return f"{bar(r.epoch / r.epochs)} e{r.epoch}/{r.epochs}"
+    if finite(r.total_steps):
+        label = f"{count(r.step)}/{count(r.total_steps)}"
+        return f"{bar(fraction(r) or 0.0, min(8, PROGRESS_WIDTH - 1 - len(label)))} {label}"
+    if finite(r.epochs) and r.status == "running":  # a run from before the "start" line
+        return f"{bar(fraction(r) or 0.0)} e{count(r.epoch)}/{count(r.epochs)}"
     if r.status == "running" or r.step:
-        return f"e{r.epoch} s{r.step}"
+        return f"e{count(r.epoch)} s{count(r.step)}"
     return ""
 
 
 def elapsed(r: RunRow, now: float) -> float | None:
-    if r.started_at is None:
+    started = finite(r.started_at)
+    if started is None:
         return None
-    return (r.ended_at or now) - r.started_at
+    return (finite(r.ended_at) or now) - started
 
 
 def eta(r: RunRow, now: float) -> float | None:
     if r.status != "running":
         return None
-    if r.ends_at is not None:  # the run's own pace (progress.fold)
-        return max(0.0, r.ends_at - now)
-    done = r.step / r.total_steps if r.total_steps else (r.epoch / r.epochs if r.epochs else 0)
+    if (ends := finite(r.ends_at)) is not None:  # the run's own pace (progress.fold)
+        return max(0.0, ends - now)
+    done = fraction(r) or 0.0
     if done <= 0:
         return None
     return (elapsed(r, now) or 0.0) * (1 - done) / done
 
 
 def sparkline(values: tuple[float, ...] | list[float], width: int, top: float = 100.0) -> str:
-    values = list(values)[-width:]
+    values = [finite(v) or 0.0 for v in list(values)[-width:]]
     return "".join(SPARKS[min(7, int(max(0.0, v) / top * 7.999))] for v in values)
 
 
-def size(b: float | None) -> str:
-    if b is None:
-        return "n/a"
-    return f"{b / 2**30:.1f}G"
+def size(b: Any) -> str:
+    f = finite(b)
+    if f is None:
+        return "n/a" if b is None else text(b, 12)
+    return f"{f / 2**30:.1f}G"
 
 
 def verdict(v: Verdict) -> Text:

@@ -14,7 +14,16 @@ ORDER = ("running", "queued", "completed", "failed", "diverged", "oom", "cancell
 class StatusHeader(Static):
     """Root, engine state (and the key that starts it), counts by status."""
 
+    root, engine, filtered = "", None, None  # filtered: (shown, of) while a filter is on
+
+    def show_filtered(self, shown: int | None, total: int = 0, needle: str = "") -> None:
+        filtered = (shown, total, needle) if shown is not None else None
+        if filtered != self.filtered:
+            self.filtered = filtered
+            self.show(self.root, self.engine)
+
     def show(self, root: str, engine: EngineState | None) -> None:
+        self.root, self.engine = root, engine
         text = Text()
         text.append(" gridrun ", style="bold reverse")
         text.append(f" {root}  ")
@@ -31,12 +40,16 @@ class StatusHeader(Static):
                 text.append(" paused", style="yellow")
         if engine is not None:
             text.append("  ")
+            counts = {s: fmt.whole(n) or 0 for s, n in engine.counts.items()}
             for status in ORDER:
-                n = engine.counts.get(status, 0)
-                if n:
+                if n := counts.get(status, 0):
                     glyph, style = fmt.GLYPHS[status]
                     text.append(f"{glyph}{n} ", style=style)
-            text.append(f"of {sum(engine.counts.values())}", style="dim")
+            text.append(f"of {sum(counts.values())}", style="dim")
+        if self.filtered is not None:
+            shown, total, needle = self.filtered
+            text.append(f"  {shown} of {total} shown", style="bold")
+            text.append(f" (/{fmt.text(needle, 20)}; esc clears)", style="dim")
         self.update(text)
 
 

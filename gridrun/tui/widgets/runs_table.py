@@ -27,16 +27,17 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from gridrun.engine import records as rec
 from gridrun.tui.source import RunRow
 from gridrun.tui.widgets import fmt
 
 COLUMNS = ("mark", "status", "id", "experiment", "variant", "seed", "progress", "loss", "best",
            "samples/s", "slot", "elapsed", "eta", "prio")
 INDEX = {key: i for i, key in enumerate(COLUMNS)}
-LABELS = {"mark": " ", "samples/s": "smp/s"}
+LABELS = {"mark": " ", "samples/s": "smp/s", "loss": "train loss"}  # best: best_label()
 # Least widths; the names grow toward their longest value (up to MAX_WIDTH) when there is room.
-WIDTHS = {"mark": 1, "status": 11, "id": 10, "experiment": 10, "variant": 12, "seed": 4,
-          "progress": fmt.PROGRESS_WIDTH, "loss": 6, "best": 6, "samples/s": 6, "slot": 5,
+WIDTHS = {"mark": 1, "status": 11, "id": 10, "experiment": 10, "variant": 10, "seed": 4,
+          "progress": fmt.PROGRESS_WIDTH, "loss": 10, "best": 10, "samples/s": 6, "slot": 5,
           "elapsed": 7, "eta": 7, "prio": 4}
 # Which columns a narrower terminal keeps: CORE always, then the others in this order.
 CORE = ("mark", "status", "experiment", "variant", "seed", "progress", "loss", "best")
@@ -45,21 +46,27 @@ GROWS = ("experiment", "variant")
 RIGHT = frozenset({"seed", "loss", "best", "samples/s", "elapsed", "eta", "prio"})
 MAX_WIDTH = 32
 GAP = 1  # blank cells between two columns
-# What each column sorts by (a tuple, so missing values sort last).
+GROUP = "\x00"  # order's entries for group header rows: GROUP + the experiment's name
+FROZEN = ("mark", "status", "id")  # stay put when the table scrolls sideways
+SCROLLS = tuple(key for key in COLUMNS if key not in FROZEN)
+ARROWS = {rec.HIGHER: "↑", rec.LOWER: "↓"}
+# What each column sorts by: fmt.rank keys, so a value of the wrong type sorts
+# (after the numbers) instead of raising.
+R = fmt.rank
 SORT_KEYS: dict[str, Callable[[RunRow, float], tuple]] = {
-    "status": lambda r, now: (r.status,),
-    "id": lambda r, now: (r.id,),
-    "experiment": lambda r, now: (r.experiment, r.variant, r.seed),
-    "variant": lambda r, now: (r.variant, r.seed),
-    "seed": lambda r, now: (r.seed,),
-    "progress": lambda r, now: (r.step / r.total_steps if r.total_steps else r.step,),
-    "loss": lambda r, now: (r.train_loss is None, r.train_loss or 0.0),
-    "best": lambda r, now: (r.best is None, r.best or 0.0),
-    "samples/s": lambda r, now: (r.samples_per_s is None, -(r.samples_per_s or 0.0)),
-    "slot": lambda r, now: (r.slot or "~",),
-    "elapsed": lambda r, now: (-(fmt.elapsed(r, now) or 0.0),),
-    "eta": lambda r, now: (fmt.eta(r, now) is None, fmt.eta(r, now) or 0.0),
-    "prio": lambda r, now: (-r.priority, r.queued_at),
+    "status": lambda r, now: (R(r.status),),
+    "id": lambda r, now: (R(r.id),),
+    "experiment": lambda r, now: (R(r.experiment), R(r.variant), R(r.seed)),
+    "variant": lambda r, now: (R(r.variant), R(r.seed)),
+    "seed": lambda r, now: (R(r.seed),),
+    "progress": lambda r, now: (R(fmt.fraction(r)), R(r.step)),
+    "loss": lambda r, now: (R(r.train_loss),),
+    "best": lambda r, now: (R(r.best),),
+    "samples/s": lambda r, now: (R(-(fmt.finite(r.samples_per_s) or 0.0)),),
+    "slot": lambda r, now: (R(r.slot or "~"),),
+    "elapsed": lambda r, now: (R(-(fmt.elapsed(r, now) or 0.0)),),
+    "eta": lambda r, now: (R(fmt.eta(r, now)),),
+    "prio": lambda r, now: (R(-(fmt.finite(r.priority) or 0.0)), R(r.queued_at)),
 }
 SORTABLE = tuple(SORT_KEYS)
 STATUS_STYLES = {s: Style.parse(style) for s, (_, style) in fmt.GLYPHS.items()}
@@ -67,10 +74,16 @@ PLAIN = Style()  # never None: line filters (NO_COLOR's monochrome) read every s
 
 
 def cells(r: RunRow, now: float, marked: bool) -> tuple[str, ...]:
-    return ("●" if marked else " ", fmt.status(r.status).plain, r.id, r.experiment,
-            r.variant or "-", str(r.seed), fmt.progress(r), fmt.num(r.train_loss), fmt.num(r.best),
-            fmt.num(r.samples_per_s, 3), r.slot or "", fmt.duration(fmt.elapsed(r, now)),
-            fmt.duration(fmt.eta(r, now)), str(r.priority) if r.priority else "")
+    return ("●" if marked else " ", fmt.status(r.status).plain, fmt.text(r.id),
+            fmt.text(r.experiment), fmt.text(r.variant or "-"), fmt.text(r.seed), fmt.progress(r),
+            fmt.num(r.train_loss), fmt.num(r.best), fmt.num(r.samples_per_s, 3),
+            fmt.text(r.slot or ""), fmt.duration(fmt.elapsed(r, now)),
+            fmt.duration(fmt.eta(r, now)), fmt.num(r.priority) if r.priority else "")
+
+
+def queue_order(r: RunRow, arrival: int) -> tuple:
+    """The engine's order: priority, then first queued (then first read)."""
+    return (-(fmt.finite(r.priority) or 0.0), fmt.finite(r.queued_at) or 0.0, arrival)
 
 
 def matches(r: RunRow, needle: str) -> bool:
@@ -80,12 +93,15 @@ def matches(r: RunRow, needle: str) -> bool:
     return all(word in hay for word in needle.lower().split())
 
 
-def fit(width: int, want: dict[str, int]) -> dict[str, int]:
+def fit(width: int, want: dict[str, int], skip: int = 0) -> dict[str, int]:
     """Column -> width for a line of `width` cells, in display order.
 
     The core columns always; then id; then the names grow toward `want` (their
     longest value); then the other columns in priority order while they fit;
-    what is left widens the names up to MAX_WIDTH."""
+    what is left widens the names up to MAX_WIDTH. Scrolled sideways (`skip` > 0),
+    the FROZEN columns, then the others in display order from the skip-th on."""
+    if skip > 0:
+        return scrolled(width, want, skip)
     widths = {key: WIDTHS[key] for key in CORE}
     used = sum(widths.values()) + GAP * (len(widths) - 1)
 
@@ -107,7 +123,23 @@ def fit(width: int, want: dict[str, int]) -> dict[str, int]:
     for key in PRIORITY[len(CORE) + 1:]:
         add(key)
     grow(lambda key: MAX_WIDTH if want.get(key, 0) > widths[key] else 0)
+    # the best column's name in full (`best accuracy↑`) when the room is there
+    widths["best"] += max(0, min(want.get("best", 0) - widths["best"], width - used))
     return {key: widths[key] for key in COLUMNS if key in widths}
+
+
+def scrolled(width: int, want: dict[str, int], skip: int) -> dict[str, int]:
+    widths = {key: WIDTHS[key] for key in FROZEN}
+    used = sum(widths.values()) + GAP * (len(widths) - 1)
+    for key in SCROLLS[skip:]:
+        w = max(WIDTHS[key], min(MAX_WIDTH, want.get(key, 0))) if key in GROWS else WIDTHS[key]
+        if used + GAP + w > width:
+            w = width - used - GAP if key in GROWS else 0  # a name may shrink to what is left
+            if w < WIDTHS[key]:
+                break
+        widths[key] = w
+        used += GAP + w
+    return widths
 
 
 def clip(text: str, width: int, right: bool = False) -> str:
@@ -127,8 +159,10 @@ class RunsTable(ScrollView, can_focus=True):
         Binding("pageup", "page(-1)", "page up", show=False),
         Binding("home", "first", "first", show=False),
         Binding("end", "last", "last", show=False),
+        Binding("right", "scroll_columns(1)", "columns right", show=False),
+        Binding("left", "scroll_columns(-1)", "columns left", show=False),
     ]
-    COMPONENT_CLASSES: ClassVar = {"runs-table--header", "runs-table--cursor"}
+    COMPONENT_CLASSES: ClassVar = {"runs-table--header", "runs-table--cursor", "runs-table--group"}
     DEFAULT_CSS = """
     RunsTable {
         background: $surface;
@@ -136,6 +170,7 @@ class RunsTable(ScrollView, can_focus=True):
         overflow-x: hidden;
         & > .runs-table--header { text-style: bold; background: $panel; color: $foreground; }
         & > .runs-table--cursor { background: $block-cursor-blurred-background; }
+        & > .runs-table--group { background: $boost; color: $text-accent; }
         &:focus > .runs-table--cursor {
             background: $block-cursor-background;
             color: $block-cursor-foreground;
@@ -163,7 +198,10 @@ class RunsTable(ScrollView, can_focus=True):
         self.cursor_row = 0
         self.want = {key: 0 for key in GROWS}  # the names' longest values
         self.columns: dict[str, int] = {}
-        self._fitted: tuple[int, dict[str, int]] | None = None  # (width, want) of self.columns
+        self._fitted: tuple | None = None  # (width, want, skip) of self.columns
+        self.skip = 0  # scrolled sideways: the columns after FROZEN not shown (see fit)
+        self.best_names: dict[str, int] = {}  # early-stop metric -> how many runs track it
+        self.directions: dict[str, str] = {}  # metric -> its declared direction
         self._lines: LRUCache[str, Strip] = LRUCache(2048)  # id -> its line, without the cursor
         self.lines_rendered = 0  # rows rendered (not from the cache): tests read it
 
@@ -172,6 +210,11 @@ class RunsTable(ScrollView, can_focus=True):
     @property
     def row_count(self) -> int:
         return len(self.order)
+
+    @property
+    def run_order(self) -> list[str]:
+        """The runs' ids top to bottom (without group header rows)."""
+        return [i for i in self.order if not i.startswith(GROUP)]
 
     @property
     def current(self) -> RunRow | None:
@@ -189,26 +232,60 @@ class RunsTable(ScrollView, can_focus=True):
 
     def apply(self, rows: Iterable[RunRow]) -> None:
         """Merge changed rows: repaint the lines that changed, add new rows."""
-        now, added, removed = self.clock(), [], False
+        now, added, removed, moved = self.clock(), [], False, False
+        by_priority = self.sort_column in (None, "prio")
         for r in rows:
+            old = self.runs.get(r.id)
             self.runs[r.id] = r
+            if old is None or old.best_name != r.best_name:
+                self._count_best(old, r)
             self.arrival.setdefault(r.id, len(self.arrival))
+            if old is not None and self.grouped and old.status != r.status:
+                self._group_changed(r.experiment)
             if not matches(r, self.needle):
                 if self.shown.pop(r.id, None) is not None:
                     removed = True
                 continue
+            # in queue order, a priority change moves the row where the engine will take it
+            moved |= old is not None and by_priority and old.priority != r.priority
             new = cells(r, now, r.id in self.marked)
             if r.id not in self.shown:
                 added.append(r.id)
+                if self.grouped:
+                    self._group_changed(r.experiment)
             self._set(r.id, new)
-        if removed:
-            self.order = [i for i in self.order if i in self.shown]
-        if added and not (self.sort_column or self.grouped):
-            self.order.extend(added)
-        if added and (self.sort_column or self.grouped):
+        # queue order too is an order: new rows go where it puts them, and a priority
+        # change moves its row there; group header rows count what their groups show
+        if added or moved or (removed and self.grouped):
             self.resort()
-        elif added or removed:
+        elif removed:
+            self.order = [i for i in self.order if i in self.shown]
             self._reindex()
+
+    def _group_changed(self, experiment: str) -> None:
+        key = GROUP + fmt.text(experiment)
+        self._lines.discard(key)
+        if (row := self.position.get(key)) is not None:
+            self.refresh_line(row + 1)
+
+    def remove(self, ids: Iterable[str]) -> None:
+        """Runs taken out of the store: their rows go, the cursor stays on its run."""
+        gone = {i for i in ids if i in self.runs}
+        if not gone:
+            return
+        current = self.current
+        for run_id in gone:
+            self._count_best(self.runs.pop(run_id, None), None)
+            self.shown.pop(run_id, None)
+            self._lines.discard(run_id)
+        self.marked -= gone
+        row = self.cursor_row
+        self.order = [i for i in self.order if i not in gone]
+        if self.grouped:
+            self.resort()
+        self._reindex()
+        keep = current.id if current is not None and current.id not in gone else None
+        self.move_cursor(row=self.position[keep] if keep else min(row, len(self.order) - 1))
 
     def _set(self, run_id: str, new: tuple[str, ...]) -> None:
         old = self.shown.get(run_id)
@@ -252,43 +329,53 @@ class RunsTable(ScrollView, can_focus=True):
         self.shown, self.order = {}, []
         self._lines.clear()
         self.apply(list(self.runs.values()))
-        if not self.sort_column and not self.grouped:
-            self.order.sort(key=lambda i: self.arrival[i])
+        if not self.order:  # nothing matched: apply added nothing, so did not reindex
             self._reindex()
         if current is not None and current.id in self.position:
             self.move_cursor(row=self.position[current.id])
 
-    def cycle_sort(self, reverse: bool = False) -> str:
-        if reverse:
-            self.reverse = not self.reverse
-        else:
-            order = (None, *SORTABLE)
-            self.sort_column = order[(order.index(self.sort_column) + 1) % len(order)]
+    def sortable_columns(self) -> tuple[str, ...]:
+        return SORTABLE
+
+    def sort_by(self, column: str | None, reverse: bool | None = None) -> str:
+        """Sort by `column` (None: queue order) and show the top of the sort."""
+        self.sort_column = column
+        if reverse is not None:
+            self.reverse = reverse
         self.resort()
-        return self.sort_column or "queue order"
+        self.move_cursor(row=0)
+        self.scroll_to(y=0, animate=False)
+        self.show_column(column)
+        return column or "queue order"
 
     def resort(self) -> None:
         now, col = self.clock(), self.sort_column
 
         def key(run_id: str) -> tuple:
             r = self.runs[run_id]
-            own = SORT_KEYS[col](r, now) if col else (-r.priority, r.queued_at, self.arrival[r.id])
-            return own
+            return SORT_KEYS[col](r, now) if col else queue_order(r, self.arrival[r.id])
 
         current = self.current
         self.order = sorted(self.shown, key=key, reverse=self.reverse)
-        if self.grouped:  # groups stay in name order whichever way the rows go
-            self.order.sort(key=lambda i: self.runs[i].experiment)
+        if self.grouped:  # groups stay in name order whichever way the rows go, under a header
+            groups: dict[str, list[str]] = {}
+            for run_id in self.order:
+                groups.setdefault(fmt.text(self.runs[run_id].experiment), []).append(run_id)
+            self.order = [i for name in sorted(groups) for i in (GROUP + name, *groups[name])]
+            self._lines.clear()
         self._reindex()
         if current is not None and current.id in self.position:
             self.move_cursor(row=self.position[current.id])
 
     # ---- the cursor ---------------------------------------------------------------
 
-    def move_cursor(self, *, row: int) -> None:
+    def move_cursor(self, *, row: int, step: int = 1) -> None:
         if not self.order:
             return
         row = max(0, min(row, len(self.order) - 1))
+        if self.order[row].startswith(GROUP):  # group headers are not runs: step over them
+            nxt = row + step if 0 <= row + step < len(self.order) else row - step
+            row = nxt if 0 <= nxt < len(self.order) else row
         old, self.cursor_row = self.cursor_row, row
         self.refresh_line(old + 1)
         self.refresh_line(row + 1)
@@ -305,7 +392,7 @@ class RunsTable(ScrollView, can_focus=True):
         self.move_cursor(row=self.cursor_row + 1)
 
     def action_cursor_up(self) -> None:
-        self.move_cursor(row=self.cursor_row - 1)
+        self.move_cursor(row=self.cursor_row - 1, step=-1)
 
     def action_page(self, pages: int) -> None:
         self.move_cursor(row=self.cursor_row + pages * max(1, self.scrollable_content_region.height - 1))
@@ -343,9 +430,9 @@ class RunsTable(ScrollView, can_focus=True):
 
     def _fit(self) -> None:
         width = self.scrollable_content_region.width
-        if self._fitted != (width, self.want):
-            self._fitted = (width, dict(self.want))
-            layout = fit(width, self.want)
+        if self._fitted != (width, self.want, self.skip):
+            self._fitted = (width, dict(self.want), self.skip)
+            layout = fit(width, self.want, self.skip)
             if layout != self.columns:
                 self.columns = layout
                 self._lines.clear()
@@ -361,7 +448,8 @@ class RunsTable(ScrollView, can_focus=True):
         run_id = self.order[row]
         line = self._lines.get(run_id)
         if line is None or line.cell_length != width:
-            line = self._row(run_id, width)
+            line = self._group(run_id[1:], width) if run_id.startswith(GROUP) else self._row(run_id, width)
+            self._lines.discard(run_id)  # LRUCache.set keeps a key's old value
             self._lines.set(run_id, line)
         if row == self.cursor_row:
             line = line.apply_style(self.get_component_rich_style("runs-table--cursor"))
@@ -377,11 +465,91 @@ class RunsTable(ScrollView, can_focus=True):
             segments += (Segment(text, style), gap)
         return Strip(segments).adjust_cell_length(width, PLAIN)
 
+    def best_label(self, width: int) -> str:
+        """`best accuracy↑`: the early-stop metric most runs track, its direction's
+        arrow; shortened to fit (`best accu↑`); `best val` when the runs disagree."""
+        names = [n for n, count in self.best_names.items() if count > 0]
+        if len(names) != 1:
+            return "best val"
+        name = names[0]
+        arrow = ARROWS.get(rec.direction(name, self.directions), "")
+        room = max(1, width - len("best ") - len(arrow) - (2 if self.sort_column == "best" else 0))
+        return f"best {name[:room]}{arrow}"
+
+    def _count_best(self, old: RunRow | None, new: RunRow | None) -> None:
+        """Keep best_names (metric -> runs tracking it) and directions as rows change."""
+        for r, by in ((old, -1), (new, 1)):
+            if r is not None and isinstance(r.best_name, str) and r.best_name:
+                self.best_names[r.best_name] = self.best_names.get(r.best_name, 0) + by
+                if by > 0 and r.best_direction in ARROWS:
+                    self.directions[r.best_name] = r.best_direction
+        want = cell_len(self.best_label(MAX_WIDTH)) + 2  # and the sort arrow
+        if want != self.want.get("best"):  # the header's best column changes its name
+            self.want["best"] = want
+            self.refresh_line(0)
+
+    # ---- sideways ----------------------------------------------------------------
+
+    def action_scroll_columns(self, by: int) -> None:
+        """Half a screen of columns right (by=1) or left (-1); status and id stay."""
+        width = self.scrollable_content_region.width
+        half = max(1, (width - sum(WIDTHS[k] + GAP for k in FROZEN)) // 2)
+        skip = self.skip
+        if by > 0:
+            if not self.hidden_right():
+                return
+            moved = 0
+            first = SCROLLS.index(next(k for k in self.columns if k in SCROLLS)) if skip else 0
+            skip = first
+            while moved < half and skip < len(SCROLLS) - 1:
+                moved += WIDTHS[SCROLLS[skip]] + GAP
+                skip += 1
+        else:
+            moved = 0
+            while moved < half and skip > 0:
+                skip -= 1
+                moved += WIDTHS[SCROLLS[skip]] + GAP
+        self.scroll_columns_to(skip)
+
+    def scroll_columns_to(self, skip: int) -> None:
+        if skip != self.skip:
+            self.skip = max(0, min(skip, len(SCROLLS) - 1))
+            self._lines.clear()
+            self.refresh()
+
+    def hidden_right(self) -> bool:
+        """Whether columns after the last one shown are off-screen."""
+        shown = [k for k in SCROLLS if k in self.columns]
+        return bool(shown) and any(k not in self.columns for k in SCROLLS[SCROLLS.index(shown[-1]):])
+
+    def show_column(self, key: str | None) -> None:
+        """Scroll sideways so that `key` (the sorted column) is on the screen."""
+        self._fit()
+        if key is None or key in self.columns:
+            return
+        self.scroll_columns_to(max(1, SCROLLS.index(key)) if key in SCROLLS else 1)
+
+    def _group(self, experiment: str, width: int) -> Strip:
+        """A group's header row: its name, how many runs it shows, and their states."""
+        runs = [self.runs[i] for i in self.shown if fmt.text(self.runs[i].experiment) == experiment]
+        counts: dict[str, int] = {}
+        for r in runs:
+            counts[fmt.text(r.status)] = counts.get(fmt.text(r.status), 0) + 1
+        style = self.get_component_rich_style("runs-table--group")
+        segments = [Segment(f"▾ {experiment}", style + Style(bold=True)),
+                    Segment(f"  {len(runs)} run{'s' * (len(runs) != 1)} ", style)]
+        for status in (*fmt.GLYPHS, *sorted(set(counts) - set(fmt.GLYPHS))):
+            if counts.get(status):
+                glyph = fmt.GLYPHS.get(status, ("?", ""))[0]
+                segments.append(Segment(f" {glyph}{counts[status]}",
+                                        style + STATUS_STYLES.get(status, PLAIN)))
+        return Strip(segments).adjust_cell_length(width, style)
+
     def _header(self, width: int) -> Strip:
         style, segments = self.get_component_rich_style("runs-table--header"), []
         for key, w in self.columns.items():
-            label = LABELS.get(key, key)
-            if key == self.sort_column:
-                label = clip(label, max(1, w - 2)).rstrip() + (" ▼" if self.reverse else " ▲")
+            label = self.best_label(w) if key == "best" else LABELS.get(key, key)
+            if key == self.sort_column:  # the arrow always shows; the name gives way
+                label = label[:max(1, w - 2)].rstrip() + (" ▼" if self.reverse else " ▲")
             segments += (Segment(clip(label, w, key in RIGHT), style), Segment(" " * GAP, style))
         return Strip(segments).adjust_cell_length(width, style)
