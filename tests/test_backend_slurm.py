@@ -341,6 +341,24 @@ def test_a_killed_engine_adopts_the_jobs_in_flight(cluster, tmp_path):
         assert metrics_without_timing(tmp_path, run) == metrics_without_timing(local, run)
 
 
+def test_a_job_neither_sacct_nor_squeue_knows_interrupts_the_run(cluster, tmp_path, monkeypatch):
+    """Accounting lagging or down: after SACCT_GRACE, squeue decides; a job gone from
+    both is gone, and the run resumes from its checkpoint."""
+    import submitit
+
+    from gridrun.engine.backends import slurm as slurm_backend
+
+    monkeypatch.setattr(slurm_backend, "SACCT_GRACE", 0.0)
+    monkeypatch.setattr(slurm_backend, "SETTLE", 0.0)
+    backend = slurm_backend.SlurmBackend(tmp_path, EngineConfig(backend="slurm"), check_shared=False)
+    ref = slurm_backend._Ref("r1", tmp_path, "token", False, job_id="99999999", state="PENDING")
+    ref.handle = slurm_backend.Handle("r1", tmp_path, 0, 0.0, None, extra=ref)
+    backend.refs["r1"] = ref
+    backend.jobs["99999999"] = submitit.SlurmJob(folder=tmp_path / "%j", job_id="99999999")
+    [ended] = wait_for(lambda: backend.poll(0.05), timeout=30)
+    assert ended.code == states.EXIT_CODES[states.INTERRUPTED] and ref.state == "VANISHED"
+
+
 def test_a_bad_partition_fails_the_run_with_sbatchs_message(cluster, tmp_path):
     run = probe_run()
     _, engine = slurm(tmp_path, partition="nosuchpartition")

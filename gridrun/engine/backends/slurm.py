@@ -17,7 +17,8 @@ Decisions (issue 16):
   shared filesystem, with the CUDA_VISIBLE_DEVICES SLURM set (never our own).
   The engine learns a run's end from the STATUS file the job writes there, and
   a job's fate from sacct (submitit's watcher, one call for all jobs every
-  STATE_EVERY seconds).
+  STATE_EVERY seconds); a job sacct still does not know after SACCT_GRACE
+  (accounting lagging or down) is asked of squeue, and one neither knows is gone.
 - The job id, node, state and GPUs of each run are recorded in the store
   (`placements`), shown by `gridrun ls` and the run's detail, and the job id
   also in the run folder (TICKET), from which a restarted engine adopts the
@@ -74,7 +75,9 @@ PROBE_WAIT = 60.0  # seconds the shared-root probe may wait for a node
 SETTLE = 5.0  # seconds a job seen ended is given for its STATUS file to appear here
 LIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "COMPLETING",
         "CONFIGURING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "UNKNOWN"}
-GONE = {"CANCELLED", "PREEMPTED", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADLINE", "REVOKED"}
+GONE = {"CANCELLED", "PREEMPTED", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADLINE", "REVOKED",
+        "VANISHED"}
+SACCT_GRACE = 120.0  # seconds a job may be unknown to sacct before squeue is asked
 
 
 class SlurmUnavailable(RuntimeError):
@@ -344,6 +347,10 @@ class SlurmBackend(Backend):
                 continue
             info = watcher.get_info(ref.job_id, mode="cache")
             state = job_state(info)
+            if state == "UNKNOWN" and now - ref.launched_at > SACCT_GRACE:
+                # sacct still does not know the job (accounting lagging or down): squeue
+                # does while it is pending or running; a job neither knows is gone
+                state = _squeue_state(ref.job_id) or "VANISHED"
             node = info.get("NodeList")
             node = None if not node or node.startswith("None") else node
             if state != ref.state or (node and node != ref.node):
@@ -419,10 +426,15 @@ class SlurmBackend(Backend):
         self.pack.clear()
 
 
+def _squeue_state(job_id: str) -> str:
+    """The job's state as squeue says it ("PENDING", "RUNNING", ...), "" if it does not list it."""
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+    return out.stdout.strip().upper() if out.returncode == 0 else ""
+
+
 def _in_queue(job_id: str) -> bool:
     """Whether squeue still lists the job (pending, running or completing)."""
-    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%t"], capture_output=True, text=True)
-    return out.returncode == 0 and bool(out.stdout.strip())
+    return bool(_squeue_state(job_id))
 
 
 def _sacct(job_id: str, field_name: str) -> str:
