@@ -37,7 +37,7 @@ def _cluster_answers() -> str | None:
     if shutil.which("sinfo") is None:
         return "no SLURM here (`sinfo` missing; scripts/slurm-cluster.sh start makes one)"
     try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=5)
     except subprocess.TimeoutExpired:
         return "no SLURM cluster answers (sinfo timed out)"
     if out.returncode or not any(s.strip("*~#") in ("idle", "mixed", "allocated")
