@@ -40,7 +40,7 @@ def test_choosing_ray_without_ray_names_the_extra(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode != 0 and "pip install 'gridrun[ray]'" in proc.stderr
     with pytest.raises(BackendError, match="unknown"):
-        make_backend(EngineConfig(backend="slurm"), tmp_path)
+        make_backend(EngineConfig(backend="slrum"), tmp_path)
 
 
 def test_a_broken_ray_install_is_a_clear_error(tmp_path):

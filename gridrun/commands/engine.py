@@ -150,9 +150,19 @@ def _results(root: Path, file: Path, runs: list) -> None:
         typer.echo(f"(no comparison table: {e})", err=True)
 
 
-def engine_start(root: RootOption = DEFAULT_ROOT) -> None:
+def engine_start(root: RootOption = DEFAULT_ROOT,
+                 foreground: Annotated[bool, typer.Option(
+                     "--foreground", help="Run the engine in this process until it is stopped "
+                     "(SIGTERM: running runs checkpoint and return to the queue), e.g. in an "
+                     "sbatch script.")] = False,
+                 until_idle: Annotated[bool, typer.Option(
+                     "--until-idle", help="With --foreground: exit once nothing is queued or "
+                     "running.")] = False) -> None:
     """Start the background engine for this root (one per root)."""
     from gridrun.engine import daemon, layout
+
+    if foreground or until_idle:
+        raise typer.Exit(daemon.serve(root, until_idle=until_idle))
 
     try:
         st = daemon.start(root)
@@ -216,7 +226,8 @@ def ls(root: RootOption = DEFAULT_ROOT,
     typer.echo(f"{'ID':<10}  {'STATUS':<10}  {'EXPERIMENT':<16}  {'VARIANT':<24}  SEED  NOTE")
     for r in runs:
         typer.echo(f"{r.id:<10}  {r.status:<10}  {r.experiment[:16]:<16}  "
-                   f"{(r.variant or '-')[:24]:<24}  {r.seed:>4}  {r.note or ''}")
+                   f"{(r.variant or '-')[:24]:<24}  {r.seed:>4}  "
+                   + " · ".join(x for x in (r.where, r.note) if x))
 
 
 def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough).")],

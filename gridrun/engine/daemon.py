@@ -191,8 +191,9 @@ class StoppedWhileStarting(BaseException):
     """SIGTERM or SIGINT before the backend was up (like KeyboardInterrupt, not an Exception)."""
 
 
-def serve(root: Path, **engine_options: Any) -> int:
-    """The engine process itself (run by `start`, or in the foreground)."""
+def serve(root: Path, *, until_idle: bool = False, **engine_options: Any) -> int:
+    """The engine process itself (run by `start`, or in the foreground: `gridrun engine
+    start --foreground`, with `until_idle` it returns once the queue is done)."""
     from gridrun.engine.backends.registry import BackendError, make_backend, slots_for_backend
     from gridrun.engine.rundirs import lost_queue_warning
     from gridrun.engine.scheduler import Engine
@@ -265,7 +266,7 @@ def serve(root: Path, **engine_options: Any) -> int:
         write_pid(state="running", backend=config.backend, slots=[s.name for s in engine.slots])
         log.info("engine %d started on %s, backend %s, slots %s", pid, root, config.backend,
                  ", ".join(s.name for s in engine.slots) or "from the cluster")
-        engine.run()
+        engine.run(until_idle=until_idle)
     except StoreDamaged as e:
         log.error("%s", e)  # the one line `start` reports
         if backend is not None:

@@ -105,12 +105,17 @@ class Engine:
         if self.stopping:  # asked to stop while the backend was starting: stop what was adopted
             self._stop_active()
 
-    def run(self) -> None:
-        """Until `request_stop()`; then running runs checkpoint and return to the queue."""
+    def run(self, *, until_idle: bool = False) -> None:
+        """Until `request_stop()`; then running runs checkpoint and return to the queue.
+        `until_idle`: also stop once nothing is queued or running (a whole queue run
+        inside one SLURM allocation ends with it)."""
         if not self.started:
             self.start()
         while not (self.stopping and not self.active):
             self.step()
+            if until_idle and not self.stopping and self.idle():
+                log.info("nothing queued or running: stopping (--until-idle)")
+                self.request_stop()
         self.backend.close()
 
     def request_stop(self) -> None:
@@ -138,9 +143,22 @@ class Engine:
                                       ended_at=time.time(), slot=None, pid=None,
                                       error=f"the engine could not record how it ended: "
                                             f"{type(e).__name__}: {e}", note="failed")
+        self.record_placements()
         self.sample_telemetry()
         self.heartbeat()
         self.watch_foreground()
+
+    def record_placements(self) -> None:
+        """A backend that places runs elsewhere (SLURM: job id, node, state) says where;
+        the store keeps it for `gridrun ls` and the run's detail."""
+        placements = getattr(self.backend, "placements", None)
+        if placements is None:
+            return
+        try:
+            for run_id, where in placements().items():
+                self.store.set_placement(run_id, where)
+        except Exception as e:  # a busy store is no reason to stop
+            log.warning("could not record where runs execute: %s", e)
 
     def heartbeat(self) -> None:
         """Say "alive" in the store (daemon.status reads it): a frozen engine stops saying it."""

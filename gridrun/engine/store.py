@@ -62,6 +62,11 @@ MIGRATIONS = [
     CREATE TABLE state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     INSERT INTO state VALUES ('seq', '0'), ('paused', 'false');
     """,
+    # where a run executes beyond this machine's slot and pid: a SLURM job's id,
+    # node, state and GPUs (backends/slurm.py placements)
+    """
+    ALTER TABLE runs ADD COLUMN placement TEXT;
+    """,
 ]
 
 
@@ -150,6 +155,7 @@ class Run:
     provenance: Mapping[str, Any] | None  # git commit, dirty flag, diff hash
     adjustments: tuple[Mapping[str, Any], ...]  # e.g. the OOM retry's batch change
     seq: int
+    placement: Mapping[str, Any] | None = None  # {"backend": "slurm", "job_id", "node", "state", "gpus"}
 
     @property
     def spec(self) -> RunSpec:
@@ -157,6 +163,23 @@ class Run:
 
     def run_dir(self, root: str | os.PathLike) -> Path:
         return layout.run_dir(root, self.experiment, self.id)
+
+    @property
+    def where(self) -> str:
+        """Where a backend placed it, for people: "slurm job 12 RUNNING on node7 (GPUs 0)";
+        "" when it ran on this machine. The one wording `ls` and the interface show; the
+        job's state only while the run runs (after, it is the last one seen, not news)."""
+        p = self.placement or {}
+        if not p.get("job_id"):
+            return ""
+        text = f"{p.get('backend', '')} job {p['job_id']}".strip()
+        if p.get("state") and self.status == states.RUNNING:
+            text += f" {p['state']}"
+        if p.get("node"):
+            text += f" on {p['node']}"
+        if p.get("gpus"):
+            text += f" (GPUs {p['gpus']})"
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -192,7 +215,7 @@ def _dumps(value: Any) -> str | None:
 def _columns(fields: dict[str, Any]) -> dict[str, Any]:
     """Fields as their columns hold them: JSON ones (summary, config, adjustments,
     provenance) may be given as Python values, `fresh` as a bool."""
-    for key in ("summary", "config", "adjustments", "provenance"):
+    for key in ("summary", "config", "adjustments", "provenance", "placement"):
         if key in fields and not isinstance(fields[key], str | None):
             fields[key] = _dumps(list(fields[key]) if key == "adjustments" else fields[key])
     if "fresh" in fields:
@@ -204,6 +227,7 @@ def _run(row: sqlite3.Row) -> Run:
     d = dict(row)
     d["config"] = json.loads(d["config"])
     d["summary"], d["provenance"] = _loads(d["summary"]), _loads(d["provenance"])
+    d["placement"] = _loads(d.get("placement"))
     d["adjustments"] = tuple(_loads(d["adjustments"]) or ())
     d["fresh"] = bool(d["fresh"])
     return Run(**d)
@@ -619,6 +643,11 @@ class Store:
         expected = [expected] if isinstance(expected, str) else list(expected)
         with self._tx() as db:
             return self._update(db, run_id, expected, status=status, **fields)
+
+    def set_placement(self, run_id: str, placement: Mapping[str, Any]) -> None:
+        """Where the backend placed a run (a SLURM job); readers see it as a change."""
+        with self._tx() as db:
+            self._update(db, run_id, None, placement=_dumps(placement))
 
     # ---- telemetry ------------------------------------------------------------
 

@@ -100,6 +100,7 @@ class RunDetail:
     error: str | None
     notes: tuple[str, ...] = ()  # what the reader left out, e.g. unreadable metrics lines
     verdict: Verdict | None = None
+    where: str = ""  # a SLURM job's id, state, node and GPUs (Run.where); "" on this machine
 
 
 @dataclass(frozen=True)

@@ -197,7 +197,7 @@ class StoreSource:
             when = when if isinstance(when, int | float) and math.isfinite(when) else None
             shown = Verdict(found["ok"], verdict.describe(found, short=True), when)
         return RunDetail(config=run.spec.config, summary=summary and summary.to_json(), error=run.error, notes=notes,
-                         verdict=shown)
+                         verdict=shown, where=run.where)
 
     # ---- actions: intents written into the store ------------------------------------------
 

@@ -26,11 +26,14 @@ class Slot:
 
     name: str  # "cpu0", "gpu1", or "gpu1.0", "gpu1.1" with several runs per GPU
     gpu: int | None = None
+    device: str | None = None  # a GPU-/MIG- UUID the engine inherited, passed on as it is
 
     @property
     def cuda_visible_devices(self) -> str:
         # empty, not unset: an unset variable would let the run see every GPU
-        return "" if self.gpu is None else str(self.gpu)
+        if self.gpu is None:
+            return ""
+        return self.device or str(self.gpu)
 
 
 @dataclass(frozen=True)

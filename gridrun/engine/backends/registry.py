@@ -1,4 +1,4 @@
-"""Choose the backend named by `[engine] backend`: "local" (this machine) or "ray"."""
+"""Choose the backend named by `[engine] backend`: "local" (this machine), "ray" or "slurm"."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 from gridrun.engine.backends.base import Backend, Slot
 from gridrun.engine.backends.slots import slots_for
 
-NAMES = ("local", "ray")
+NAMES = ("local", "ray", "slurm")
 
 
 class BackendError(RuntimeError):
-    """The configured backend cannot be used (unknown name, Ray not installed)."""
+    """The configured backend cannot be used (unknown name, Ray or submitit not installed)."""
 
 
 def check_backend(config: Any) -> None:
@@ -26,6 +26,9 @@ def check_backend(config: Any) -> None:
     if name == "ray" and importlib.util.find_spec("ray") is None:
         raise BackendError("[engine] backend = \"ray\" needs Ray, which is not installed: "
                            "pip install 'gridrun[ray]'")
+    if name == "slurm" and importlib.util.find_spec("submitit") is None:
+        raise BackendError("[engine] backend = \"slurm\" needs submitit, which is not installed: "
+                           "pip install 'gridrun[slurm]'")
 
 
 def make_backend(config: Any, root: str | Path, log_path: Path | None = None) -> Backend:
@@ -43,13 +46,20 @@ def make_backend(config: Any, root: str | Path, log_path: Path | None = None) ->
                               log_path=log_path)
         except RayUnavailable as e:  # installed, but broken
             raise BackendError(str(e)) from e
+    if name == "slurm":
+        from gridrun.engine.backends.slurm import SlurmBackend, SlurmUnavailable
+
+        try:
+            return SlurmBackend(root, config, log_path=log_path)
+        except SlurmUnavailable as e:
+            raise BackendError(str(e)) from e
     raise AssertionError(name)
 
 
 def slots_for_backend(backend: Backend, config: Any) -> list[Slot]:
     """The backend's own slots when it has them (Ray: the cluster's capacity; the
-    list is filled by `backend.start()` and kept current as nodes come and go),
-    else the config's."""
+    list is filled by `backend.start()` and kept current as nodes come and go;
+    SLURM: `max_jobs`), else the config's."""
     if hasattr(backend, "slots"):
         return backend.slots()
     return slots_for(config)

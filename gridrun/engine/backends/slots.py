@@ -1,10 +1,18 @@
-"""How many runs fit where: slots from the `[engine]` table and the GPUs NVML sees."""
+"""How many runs fit where: slots from the `[engine]` table and the GPUs this
+process may use: the ones it inherited (a SLURM allocation's), else every one NVML sees."""
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from gridrun.engine.backends.base import Slot
+
+# what CUDA accepts in CUDA_VISIBLE_DEVICES: indices, or GPU-/MIG- UUIDs; it stops at
+# the first entry that is neither (SLURM's old "NoDevFiles", "-1": no GPU)
+_DEVICE = re.compile(r"^(\d+|(GPU|MIG)-[0-9A-Za-z-]+)$")
 
 
 def gpu_count() -> int:
@@ -21,12 +29,38 @@ def gpu_count() -> int:
         return 0
 
 
-def slots_for(config: Any, gpus_available: int | None = None) -> list[Slot]:
-    """Slots from an EngineConfig: each GPU times runs_per_gpu, or cpu_slots without GPUs."""
-    gpus = config.gpus
-    if gpus == "auto":
-        gpus = range(gpu_count() if gpus_available is None else gpus_available)
-    gpus, per = list(gpus), max(1, int(config.runs_per_gpu))
+def inherited_gpus(env: Mapping[str, str] | None = None) -> list[str] | None:
+    """The GPUs this process was given, as CUDA_VISIBLE_DEVICES entries, or None when
+    nobody restricted it. Inside a SLURM allocation that is the allocation's GPUs:
+    CUDA_VISIBLE_DEVICES as SLURM set it, else SLURM_JOB_GPUS (the node's indices)."""
+    env = os.environ if env is None else env
+    given = env.get("CUDA_VISIBLE_DEVICES")
+    if given is None:
+        given = env.get("SLURM_JOB_GPUS")
+        if not given:
+            return None
+    out = []
+    for entry in (e.strip() for e in given.split(",")):
+        if not _DEVICE.match(entry):
+            break
+        out.append(entry)
+    return out
+
+
+def slots_for(config: Any, gpus_available: int | None = None,
+              env: Mapping[str, str] | None = None) -> list[Slot]:
+    """Slots from an EngineConfig: each GPU times runs_per_gpu, or cpu_slots without GPUs.
+    `gpus = "auto"` means the inherited GPUs when there are (each run gets one of those
+    ids, never another), else all `gpus_available` (NVML's count)."""
+    per = max(1, int(config.runs_per_gpu))
+    gpus: list[tuple[int, str | None]]
+    if config.gpus != "auto":
+        gpus = [(g, None) for g in config.gpus]
+    elif gpus_available is None and (inherited := inherited_gpus(env)) is not None:
+        gpus = [(int(d), None) if d.isdigit() else (i, d) for i, d in enumerate(inherited)]
+    else:
+        gpus = [(g, None) for g in range(gpu_count() if gpus_available is None else gpus_available)]
     if gpus:
-        return [Slot(f"gpu{g}" if per == 1 else f"gpu{g}.{k}", g) for g in gpus for k in range(per)]
+        return [Slot(f"gpu{g}" if per == 1 else f"gpu{g}.{k}", g, device)
+                for g, device in gpus for k in range(per)]
     return [Slot(f"cpu{i}") for i in range(max(1, int(config.cpu_slots)))]

@@ -7,6 +7,7 @@ task keys imports the task factory's module (and whatever that imports).
     errors.py    Problem, SpecError, where a problem is in the file
     model.py     RunSpec, ExperimentSpec, EngineConfig, run ids, config.toml
     validate.py  the file's tables checked, every problem collected
+    engine.py    the [engine] table checked (local, ray and slurm keys)
     expand.py    an experiment -> its runs
     load.py      a file -> its runs and [engine] table (read once)
     derive.py    a run with keys changed (a clone), checked like a file

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gridrun.engine.spec.engine import engine_config
 from gridrun.engine.spec.errors import LineIndex, Problem, SpecError
 from gridrun.engine.spec.expand import count_runs, expand
 from gridrun.engine.spec.model import EngineConfig, ExperimentSpec, RunSpec
@@ -18,7 +19,6 @@ from gridrun.engine.spec.validate import (
     check_experiments,
     check_size,
     check_top_level,
-    engine_config,
 )
 
 MAX_DEPTH = 32  # tables and arrays within each other; tomllib recurses once per level

@@ -110,6 +110,18 @@ class EngineConfig:
     cpu_slots: int = 2
     backend: str = "local"
     ray_address: str = "auto"
+    # backend = "slurm" (backends/slurm.py); None leaves it to the cluster's defaults
+    partition: str | None = None
+    gpus_per_run: int = 1
+    cpus_per_run: int = 1
+    mem: str | None = None  # sbatch --mem, e.g. "16G"
+    time: str | None = None  # sbatch --time, e.g. "4:00:00"; minutes when a number
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    max_jobs: int = 8  # runs pending or running on the cluster at once
+    runs_per_job: int = 1  # runs one job runs one after another
+    slurm_args: Mapping[str, Any] = field(default_factory=dict)  # any other sbatch option
 
     @classmethod
     def default(cls) -> EngineConfig:

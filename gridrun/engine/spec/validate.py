@@ -21,7 +21,7 @@ from gridrun.engine.spec.keys import (
     suggest_key,
     task_signature,
 )
-from gridrun.engine.spec.model import EngineConfig, ExperimentSpec, format_value
+from gridrun.engine.spec.model import ExperimentSpec, format_value
 
 TOP_LEVEL = ("defaults", "experiments", "engine")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -309,42 +309,3 @@ def check_experiments(c: Checker, data: dict[str, Any], *, cap: int | None,
             return None
     specs = [_experiment(c, name, table, defaults) for name, table in experiments.items()]
     return [s for s in specs if s is not None]
-
-
-def engine_config(table: Any, c: Checker) -> EngineConfig:
-    if not isinstance(table, dict):
-        c.add(f"expected a table, got {toml_type(table)}", "engine")
-        return EngineConfig()
-    fields = {}
-    names = ("gpus", "runs_per_gpu", "cpu_slots", "backend", "ray_address")
-    for key, value in table.items():
-        path = ("engine", key)
-        if key not in names:
-            c.add(f"unknown key {key!r} in [engine]", *path, key=f"engine.{key}",
-                  suggestion=suggest_key(key, names))
-        elif key == "gpus":
-            if value == "auto":
-                fields[key] = "auto"
-            elif isinstance(value, list) and all(isinstance(g, int) and not isinstance(g, bool)
-                                                 and g >= 0 for g in value):
-                fields[key] = tuple(value)
-            else:
-                c.add(f'expected "auto", [] or an array of GPU indices, got {value!r}', *path,
-                      key="engine.gpus")
-        elif key in ("runs_per_gpu", "cpu_slots"):
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-                fields[key] = value
-            else:
-                c.add(f"expected an integer >= 1, got {value!r}", *path, key=f"engine.{key}")
-        elif key == "backend":
-            if value in ("local", "ray"):
-                fields[key] = value
-            else:
-                c.add(f'expected "local" or "ray", got {value!r}', *path, key="engine.backend",
-                      suggestion=suggest_key(str(value), ("local", "ray")))
-        elif isinstance(value, str) and value:
-            fields[key] = value
-        else:
-            c.add(f'expected "auto", "ray://host:port" or "host:port", got {value!r}', *path,
-                  key="engine.ray_address")
-    return EngineConfig(**fields)

@@ -207,6 +207,8 @@ class DetailScreen(Smoothing, Screen):
         summary = Text()
         if d.verdict:
             summary.append_text(fmt.verdict(d.verdict)).append("\n\n")
+        if d.where:  # a SLURM job's id, state, node and GPUs
+            summary.append(fmt.text(d.where, 400) + "\n\n", style="dim")
         for note in d.notes:
             summary.append(fmt.text(note, 400) + "\n", style="yellow")
         trace = (d.summary or {}).get("traceback") or d.error
