@@ -76,12 +76,10 @@ def pick_device() -> torch.device:
            else f"NVML: {seen.get('error', 'not asked')}")
     count = torch.cuda.device_count() if torch.version.cuda else 0
     raise EnvironmentProblem(
-        f"environment: this run was given GPU(s) (CUDA_VISIBLE_DEVICES={given!r}) but "
-        f"torch.cuda.device_count() is {count} and CUDA is unavailable to {build}; {saw}. "
-        "It was not trained on the CPU instead; `gridrun doctor` checks the machine"
-        if given is not None else
-        f"environment: {saw} but torch.cuda.device_count() is {count} with {build}; "
-        "it was not trained on the CPU instead; `gridrun doctor` checks the machine")
+        ("environment: given GPU(s) by CUDA_VISIBLE_DEVICES=" + repr(given) if given is not None
+         else "environment: the driver has GPUs")
+        + f"; {saw} but torch.cuda.device_count() is {count} with {build}: a run fails here "
+        "rather than train on the CPU instead; `gridrun doctor` checks the machine")
 
 
 def describe(device: torch.device, determinism: dict[str, Any] | None = None) -> dict[str, Any]:
