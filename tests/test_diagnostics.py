@@ -201,3 +201,28 @@ def test_determinism_without_compile_sets_the_eager_flag_without_importing_induc
             "assert not torch.are_deterministic_algorithms_enabled()\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_memory_creep_is_steady_growth_over_the_last_points():
+    def lines(memory):
+        return [{"t": float(i), "step": i, "epoch": 0, "split": records.TRAIN, "loss": 1.0,
+                 records.RSS: m, records.DATA_WAIT: 0.01} for i, m in enumerate(memory, 1)]
+
+    creeping = [100 + 3 * i for i in range(12)]
+    assert progress.fold(lines(creeping)).flags == (progress.MEMORY_CREEP,)
+    flat = [100] * 4 + [200] * 8  # a step up, then flat: not creep
+    assert progress.fold(lines(flat)).flags == ()
+    noisy = [100 + 3 * i + (5 if i % 2 else 0) for i in range(12)]
+    assert progress.fold(lines(noisy)).flags == ()
+    # incremental: the same as folding everything at once
+    p = progress.fold(lines(creeping)[:5])
+    assert progress.fold(lines(creeping)[5:], previous=p).flags == (progress.MEMORY_CREEP,)
+
+
+def test_the_runs_table_marks_flagged_runs():
+    from gridrun.tui.source import RunRow
+    from gridrun.tui.widgets.runs_table import cells
+
+    row = RunRow(id="a", experiment="e", variant="", seed=0, status="running", samples_per_s=5200.0,
+                 flags=(progress.INPUT_BOUND, progress.MEMORY_CREEP))
+    assert "5.2k io mem↑" in cells(row, 0.0, False)

@@ -19,6 +19,7 @@ from gridrun.engine.states import FINISHED
 from gridrun.tui.source import RunDetail, RunRow, Verdict
 from gridrun.tui.widgets import fmt
 from gridrun.tui.widgets.curves import DEFAULT_SMOOTHING, Curves, Series, step_smoothing
+from gridrun.tui.widgets.diagnostics import Diagnostics
 from gridrun.tui.widgets.keys import KeyBar
 
 QUIT = Binding("q", "app.quit", "quit", tooltip="the engine keeps running")
@@ -86,6 +87,8 @@ class DetailScreen(Smoothing, Screen):
             with TabPane("curves", id="curves-tab"), Horizontal(id="plots"):
                 yield Curves(id="loss")
                 yield Curves(id="rate")
+            with TabPane("diagnostics", id="diagnostics-tab"):
+                yield Diagnostics(id="diagnostics")
             with TabPane("output", id="output-tab"):
                 yield Static("", id="output")
             with TabPane("summary", id="summary-tab"):
@@ -142,6 +145,7 @@ class DetailScreen(Smoothing, Screen):
         self.query_one("#summary", Static).update(summary or "(no summary yet)")
         self.query_one("#title", Static).update(self.heading(d.verdict))
         self.query_one("#output", Static).update(Text(tail) if tail else "(no output yet)")
+        self.query_one(Diagnostics).show_summary(d.summary)
 
     def metrics_arrived(self, run_id: str, records: tuple[dict[str, Any], ...], reset: bool) -> None:
         if run_id != self.run.id:
@@ -162,6 +166,7 @@ class DetailScreen(Smoothing, Screen):
         self.query_one("#rate", Curves).draw(
             "samples/s (left), lr (right)", self.data.pick("samples_per_s", "lr"),
             log=self.log_scale, right=("lr",), smoothing=self.smoothing, plain=("lr",))
+        self.query_one(Diagnostics).draw(self.data.series, self.smoothing)
 
     def action_log(self) -> None:
         self.log_scale = not self.log_scale

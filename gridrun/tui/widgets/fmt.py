@@ -6,6 +6,7 @@ import time
 
 from rich.text import Text
 
+from gridrun.engine.progress import INPUT_BOUND, MEMORY_CREEP
 from gridrun.tui.source import RunRow, Verdict
 
 GLYPHS = {"queued": ("·", "dim"), "running": ("▶", "bold cyan"), "completed": ("✓", "green"),
@@ -25,6 +26,14 @@ def num(v: float | None, digits: int = 4) -> str:
     if abs(v) >= 1000:
         return f"{v / 1000:.{max(2, digits - 1)}g}k"
     return f"{v:.{digits}g}"
+
+
+FLAG_MARKS = {INPUT_BOUND: "io", MEMORY_CREEP: "mem↑"}
+
+
+def flags(names: tuple[str, ...]) -> str:
+    """Short marks after a run's samples/s: waits for its data, memory creeping up."""
+    return "".join(f" {FLAG_MARKS.get(n, n)}" for n in names)
 
 
 def duration(seconds: float | None) -> str:

@@ -69,7 +69,7 @@ PLAIN = Style()  # never None: line filters (NO_COLOR's monochrome) read every s
 def cells(r: RunRow, now: float, marked: bool) -> tuple[str, ...]:
     return ("●" if marked else " ", fmt.status(r.status).plain, r.id, r.experiment,
             r.variant or "-", str(r.seed), fmt.progress(r), fmt.num(r.train_loss), fmt.num(r.best),
-            fmt.num(r.samples_per_s, 3), r.slot or "", fmt.duration(fmt.elapsed(r, now)),
+            fmt.num(r.samples_per_s, 3) + fmt.flags(r.flags), r.slot or "", fmt.duration(fmt.elapsed(r, now)),
             fmt.duration(fmt.eta(r, now)), str(r.priority) if r.priority else "")
 
 
