@@ -103,7 +103,7 @@ class Watch(Probe):
 
 
 def explain(run: Any, run_dir: str | Path, diverged_step: int | None,
-            log: Any = lambda s: None) -> dict[str, Any]:
+            log: Any = lambda s: None, should_stop: Any = lambda: False) -> dict[str, Any]:
     """Replay `run` (its folder `run_dir`) up to `diverged_step`; what broke, for summary.json."""
     run_dir = Path(run_dir)
     scratch = run_dir / "replay"
@@ -123,7 +123,7 @@ def explain(run: Any, run_dir: str | Path, diverged_step: int | None,
         # anomaly mode names the backward op; checkpoints in between only cost time
         replay = run.with_trainer(detect_anomaly=True, checkpoint_every=0)
         summary = train(replay, scratch, fresh=start_over, log=log, probe=watch,
-                        should_stop=lambda: watch.step > last + 1)
+                        should_stop=lambda: watch.step > last + 1 or should_stop())
         found = dict(watch.found or {})
         anomaly = summary.get("divergence") or {}
         if found:

@@ -52,7 +52,8 @@ def read_config(run_dir: Path) -> Any:
     return RunSpec.from_dict(tomllib.loads(layout.read_private(run_dir / layout.CONFIG).decode()))
 
 
-def replay_divergence(run: Any, run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
+def replay_divergence(run: Any, run_dir: Path, summary: dict[str, Any],
+                      stop: Any = lambda: False) -> dict[str, Any]:
     """Where a diverged run broke, found by replaying it (diverge.py); what the
     run itself saw (anomaly mode's op) is kept when the replay cannot tell more."""
     from gridrun.engine import diverge
@@ -61,7 +62,7 @@ def replay_divergence(run: Any, run_dir: Path, summary: dict[str, Any]) -> dict[
     print(f"replaying to step {summary.get('diverged_step')} to find where it diverged",
           flush=True)
     try:
-        found = diverge.explain(run, run_dir, summary.get("diverged_step"))
+        found = diverge.explain(run, run_dir, summary.get("diverged_step"), should_stop=stop)
     except Exception as exc:  # an explanation that fails must not lose the run's own summary
         found = {**seen, "reproduced": False, "note": f"the replay failed: {type(exc).__name__}: {exc}"}
     found = {**seen, **{k: v for k, v in found.items() if v is not None}}
@@ -89,7 +90,8 @@ def main(run_dir: str | Path, *, fresh: bool = False) -> int:
     try:
         summary = train(run, run_dir, fresh=fresh, should_stop=stop.is_set)
         if summary["status"] == states.DIVERGED and not stop.is_set():
-            summary["divergence"] = replay_divergence(run, run_dir, summary)
+            # SIGTERM meanwhile ends the replay (a cancel must not wait for it)
+            summary["divergence"] = replay_divergence(run, run_dir, summary, stop.is_set)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
