@@ -31,13 +31,19 @@ def model_facts(model: torch.nn.Module) -> tuple[dict[str, int], str]:
     return {"total": total, "trainable": trainable}, ",".join(dtypes) or "none"
 
 
+def unused_warning(names: list[str]) -> str:
+    return (f"{len(names)} trainable parameter(s) got no gradient from the first backward (the "
+            f"loss does not use them, so they never train): {', '.join(names[:8])}"
+            + (" ..." if len(names) > 8 else ""))
+
+
 class Diagnostics:
     def __init__(self, model: torch.nn.Module, device: torch.device, clip: float):
         self.model, self.device, self.clip = model, device, clip
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.waited = self.total_waited = 0.0
         self.norm: torch.Tensor | None = None  # of the latest step measured
-        self.clipped: list[torch.Tensor] = []  # per step since the log point: clipping bit
+        self.norms: list[torch.Tensor] = []  # with clipping: each step's norm since the log point
         self.peak = 0  # the largest peak of any interval (CUDA resets it at each log point)
         self.checked_unused = False
         self._process: Any = None
@@ -66,7 +72,7 @@ class Diagnostics:
     def clip_grads(self) -> None:
         """Clip to `clip` and keep the norm clipping computes anyway (it was thrown away)."""
         self.norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
-        self.clipped.append(self.norm > self.clip)
+        self.norms.append(self.norm)  # compared at the log point: no device op per step
 
     def measure_norm(self) -> None:
         """The norm on a log step without clipping: one foreach norm, every log_every steps."""
@@ -86,8 +92,8 @@ class Diagnostics:
         out = []
         if self.norm is not None:
             out.append(self.norm.detach().float().reshape(()))
-        if self.clipped:
-            out.append(torch.stack(self.clipped).float().mean())
+        if self.norms:
+            out.append((torch.stack(self.norms) > self.clip).float().mean())
         return out
 
     def line(self, read: list[float], elapsed: float) -> dict[str, float | int | None]:
@@ -96,7 +102,7 @@ class Diagnostics:
         read = list(read)
         if self.norm is not None:
             fields[records.GRAD_NORM] = read.pop(0)
-        if self.clipped:
+        if self.norms:
             fields[records.CLIPPED] = read.pop(0)
         fields[records.DATA_WAIT] = min(1.0, self.waited / elapsed) if elapsed > 0 else None
         if self.device.type == "cuda":
@@ -109,5 +115,5 @@ class Diagnostics:
         else:
             fields[records.RSS] = self._process.memory_info().rss
         self.total_waited += self.waited
-        self.waited, self.norm, self.clipped = 0.0, None, []
+        self.waited, self.norm, self.norms = 0.0, None, []
         return fields

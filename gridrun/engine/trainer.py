@@ -21,7 +21,7 @@ import torch
 
 from gridrun.engine import checkpoint, environment, layout, levers, records, states
 from gridrun.engine.data import count_samples, start_epoch, to_device, train_loader, val_loader
-from gridrun.engine.diagnostics import Diagnostics, model_facts
+from gridrun.engine.diagnostics import Diagnostics, model_facts, unused_warning
 from gridrun.engine.optim import build_optimizer, lr_at
 from gridrun.engine.runlog import MetricsWriter
 from gridrun.engine.seeding import rng_state, seed_everything, set_determinism, set_rng_state
@@ -262,9 +262,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
                     group["lr"] = lr
                 if (unused := diag.unused()):
                     summary["unused_parameters"] = unused
-                    warn(f"{len(unused)} trainable parameter(s) got no gradient from the first "
-                         f"backward (not used by the loss, so never trained): {', '.join(unused[:8])}"
-                         + (" ..." if len(unused) > 8 else ""))
+                    warn(unused_warning(unused))
                 log_now = (step + 1) % cfg["log_every"] == 0 or step + 1 == total or (
                     position + accumulate >= steps_per_epoch * accumulate)
                 if cfg["clip_grad"]:
