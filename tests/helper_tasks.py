@@ -254,3 +254,23 @@ def nan_sample(index: int = 100, train_size: int = 512) -> Task:
     x[index, 0] = float("nan")
     task.train_data = torch.utils.data.TensorDataset(x, y)
     return task
+
+
+def blowup(at: int = 4, train_size: int = 512) -> Task:
+    """spirals whose loss at optimizer step `at` gains a term worth 0 whose gradient
+    on `0.bias` is infinite: that step's update makes the weights infinite while
+    its own loss stays finite."""
+    task = spirals(train_size=train_size, val_size=64)
+    inner = task.loss
+    first = task.model[0]
+    first.register_buffer("calls", torch.zeros((), dtype=torch.long))  # checkpoints carry it
+
+    def loss(model, batch):
+        value = inner(model, batch)
+        first.calls += 1
+        if int(first.calls) == at:
+            value = value + (first.bias - first.bias.detach()).sum() * 1e38 * 1e38
+        return value
+
+    task.loss = loss
+    return task

@@ -132,8 +132,16 @@ def test_the_replay_names_the_layer_the_phase_and_the_step(tmp_path):
 def test_a_nan_made_in_the_backward_is_named_there(tmp_path):
     s = run_worker(tmp_path, spec("helper_tasks:nan_grad_at", {"step": 3}, log_every=1))
     d = s["divergence"]
-    assert (d["module"], d["phase"], d["step"]) == ("mid", "backward", 3)
+    assert (d.get("module"), d["phase"], d["step"]) == ("mid", "backward", 3), d
     assert d["op"] == "_BadGradBackward"
+
+
+def test_weights_broken_by_an_update_are_named_with_the_update_phase(tmp_path):
+    s = run_worker(tmp_path, spec("helper_tasks:blowup", {"at": 4}, optimizer="sgd", lr=0.1,
+                                  log_every=1))
+    assert s["status"] == states.DIVERGED and s["diverged_step"] in (4, 5)
+    d = s["divergence"]
+    assert (d["phase"], d["step"], d["module"], d["parameter"]) == ("update", 4, "0", "0.bias")
 
 
 def test_a_nan_planted_in_the_input_batch_is_reported_as_such(tmp_path):

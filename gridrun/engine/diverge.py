@@ -66,12 +66,16 @@ class Watch(Probe):
     def before_step(self, step: int, batch: Any) -> None:
         self.step, self.grad_from = step, None
         self.batch_finite = _finite(batch)
+        self.check_weights(step - 1)
+
+    def check_weights(self, step: int) -> None:
+        """Non-finite parameters before a forward: the update of `step` broke them."""
         if self.found is None and self.model is not None:
             for name, p in self.model.named_parameters():
                 if not bool(p.isfinite().all()):
                     owner = name.rpartition(".")[0]
                     module = self.model.get_submodule(owner) if owner else self.model
-                    self._find("update", owner or "(model)", module, step=step - 1, parameter=name)
+                    self._find("update", owner or "(model)", module, step=step, parameter=name)
                     return
 
     def _find(self, phase: str, name: str, module: torch.nn.Module, **more: Any) -> None:
@@ -124,6 +128,8 @@ def explain(run: Any, run_dir: str | Path, diverged_step: int | None,
         replay = run.with_trainer(detect_anomaly=True, checkpoint_every=0)
         summary = train(replay, scratch, fresh=start_over, log=log, probe=watch,
                         should_stop=lambda: watch.step > last + 1 or should_stop())
+        if not summary.get("divergence"):
+            watch.check_weights(watch.step)  # the last update broke the weights, no forward after
         found = dict(watch.found or {})
         anomaly = summary.get("divergence") or {}
         if found:
