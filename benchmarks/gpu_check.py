@@ -68,13 +68,9 @@ def repeat_and_resume(tmp: Path) -> None:
         sb = train(run, b, log=lambda s: None)
         check(sa["status"] == sb["status"] == "completed" and metrics(a) == metrics(b)
               and sa["weights_sha256"] == sb["weights_sha256"], f"{precision}: two runs identical")
-        calls = {"n": 0}
-
-        def stop_mid_epoch() -> bool:
-            calls["n"] += 1
-            return calls["n"] == 13  # step 13 of 32 per epoch: mid-epoch
-
-        first = train(run, c, should_stop=stop_mid_epoch, log=lambda s: None)
+        calls = iter(range(1, 10**9))  # should_stop is asked once a step
+        first = train(run, c, should_stop=lambda calls=calls: next(calls) == 13,  # mid-epoch (31 steps an epoch)
+                      log=lambda s: None)
         resumed = train(run, c, log=lambda s: None)
         check(first["status"] == "interrupted" and resumed.get("resumed_from_step") == 13
               and metrics(c) == metrics(a) and resumed["weights_sha256"] == sa["weights_sha256"],

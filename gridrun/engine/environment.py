@@ -11,6 +11,7 @@ nvidia-ml-py and never raises out of here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -44,10 +45,8 @@ def nvml() -> dict[str, Any]:
     except Exception as exc:
         return {"error": f"NVML query failed: {exc}"}
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def gpus_given() -> str | None:

@@ -17,6 +17,7 @@ No torch, no pandas: the interface imports this.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -110,7 +111,7 @@ class Progress:
             out.append(INPUT_BOUND)
         m = self.memory
         if len(m) == CREEP_POINTS and m[-1] > m[0] * (1 + CREEP_GROWTH) and all(
-                b >= a for a, b in zip(m, m[1:], strict=False)):
+                b >= a for a, b in itertools.pairwise(m)):
             out.append(MEMORY_CREEP)
         return tuple(out)
 
