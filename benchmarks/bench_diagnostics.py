@@ -11,7 +11,7 @@ Each subprocess trains the run 3 times and keeps its fastest: on a shared
 machine other work only ever adds time. Medians over the subprocesses, and
 the fastest of all, are printed with the ratio to the baseline.
 
-    python benchmarks/bench_diagnostics.py [--reps 7] [--baseline REV] [--micro-only]
+    python benchmarks/bench_diagnostics.py [--reps 7] [--baseline REV] [--micro-only] [--cases ...]
 
 On a machine busy with other work, whole runs vary by more than the 1% this
 is about; `--micro-only` (also printed first in a full run) times each piece
@@ -133,6 +133,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--micro-only", action="store_true")
+    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     parser.add_argument("--baseline", default=None, help="a commit (default: merge-base with main)")
     args = parser.parse_args()
     micro()
@@ -148,7 +149,7 @@ def main() -> None:
         print(f"baseline {rev[:10]}; 1 thread per run; load {os.getloadavg()[0]:.2f} at start")
         print(f"{'case':<14} {'trainer':<12} {'median step':>12} {'vs before':>10} "
               f"{'fastest':>10} {'vs before':>10}")
-        for name, case in CASES.items():
+        for name, case in ((n, CASES[n]) for n in args.cases):
             times: dict[str, list[float]] = {k: [] for k in trees}
             for rep in range(args.reps):
                 for label in (list(trees) if rep % 2 == 0 else list(trees)[::-1]):
