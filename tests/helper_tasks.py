@@ -141,3 +141,136 @@ def augmented(train_size: int = 256, val_size: int = 64, dim: int = 8, hidden: i
     return Task(model=model, train_data=Augmented(train_size, dim), val_data=Augmented(val_size, dim),
                 loss=loss, evaluate=evaluate, metrics={"loss": "lower", "accuracy": "higher"},
                 collate_fn=mix_collate, count_samples=lambda b: len(b["y"]))
+
+
+# ---- diagnostics: tasks with the faults a careful engineer looks for
+
+class Blocks(torch.nn.Module):
+    """Layers in an nn.ModuleList, and two things outside it that the forward
+    never uses: a parameter and a whole layer (the bug of a refactor)."""
+
+    def __init__(self, dim: int = 2, hidden: int = 16, classes: int = 3):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(dim, hidden), torch.nn.Linear(hidden, classes)])
+        self.scale = torch.nn.Parameter(torch.ones(1))
+        self.spare = torch.nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        return self.layers[1](torch.relu(self.layers[0](x)))
+
+
+def unused_parameters(train_size: int = 256) -> Task:
+    task = spirals(train_size=train_size, val_size=64)
+    task.model = Blocks()
+    return task
+
+
+class SlowData(torch.utils.data.Dataset):
+    def __init__(self, inner, sleep: float):
+        self.inner, self.sleep = inner, sleep
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        time.sleep(self.sleep)
+        return self.inner[i]
+
+
+def slow_data(sleep: float = 0.0005, train_size: int = 512) -> Task:
+    """spirals whose every sample takes `sleep` seconds to load: input-bound."""
+    task = spirals(train_size=train_size, val_size=64)
+    task.train_data = SlowData(task.train_data, sleep)
+    return task
+
+
+class Poison(torch.nn.Module):
+    """Identity, except that its `at`-th training call returns NaN. The count is a
+    buffer, so checkpoints carry it and a replay sees the same call numbers."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at = at
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        if not self.training:
+            return x
+        self.calls += 1
+        return x * float("nan") if int(self.calls) == self.at else x
+
+
+def nan_at(step: int = 5, train_size: int = 512) -> Task:
+    """spirals whose layer `body.2` (a Poison) produces NaN at optimizer step `step`."""
+    task = spirals(train_size=train_size, val_size=64)
+    task.model = torch.nn.Sequential()
+    task.model.add_module("body", torch.nn.Sequential(
+        torch.nn.Linear(2, 32), torch.nn.ReLU(), Poison(step), torch.nn.Linear(32, 32)))
+    task.model.add_module("head", torch.nn.Linear(32, 3))
+    return task
+
+
+class _BadGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, poison):
+        ctx.poison = poison
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (grad * float("nan") if ctx.poison else grad), None
+
+
+class BadBackward(torch.nn.Module):
+    """Identity forward; its `at`-th training backward returns NaN."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at = at
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        if not self.training:
+            return x
+        self.calls += 1
+        return _BadGrad.apply(x, int(self.calls) == self.at)
+
+
+def nan_grad_at(step: int = 5, train_size: int = 512) -> Task:
+    """spirals whose layer `mid` (a BadBackward) makes the gradient NaN at step `step`."""
+    task = spirals(train_size=train_size, val_size=64)
+    task.model = torch.nn.Sequential()
+    task.model.add_module("inp", torch.nn.Linear(2, 32))
+    task.model.add_module("mid", BadBackward(step))
+    task.model.add_module("out", torch.nn.Linear(32, 3))
+    return task
+
+
+def nan_sample(index: int = 100, train_size: int = 512) -> Task:
+    """spirals with a NaN planted in one training sample."""
+    task = spirals(train_size=train_size, val_size=64)
+    x, y = task.train_data.tensors
+    x = x.clone()
+    x[index, 0] = float("nan")
+    task.train_data = torch.utils.data.TensorDataset(x, y)
+    return task
+
+
+def blowup(at: int = 4, train_size: int = 512) -> Task:
+    """spirals whose loss at optimizer step `at` gains a term worth 0 whose gradient
+    on `0.bias` is infinite: that step's update makes the weights infinite while
+    its own loss stays finite."""
+    task = spirals(train_size=train_size, val_size=64)
+    inner = task.loss
+    first = task.model[0]
+    first.register_buffer("calls", torch.zeros((), dtype=torch.long))  # checkpoints carry it
+
+    def loss(model, batch):
+        value = inner(model, batch)
+        first.calls += 1
+        if int(first.calls) == at:
+            value = value + (first.bias - first.bias.detach()).sum() * 1e38 * 1e38
+        return value
+
+    task.loss = loss
+    return task

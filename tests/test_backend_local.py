@@ -10,6 +10,7 @@ import os
 import time
 
 import pytest
+import torch
 from test_engine_kit import make_run, prepare, slow_run, wait_exit, wait_for
 
 from gridrun.engine import layout, states
@@ -67,11 +68,15 @@ def test_runs_get_their_slot_and_output_log(make_backend, tmp_path):
     ended = []
     while len(ended) < 2:
         ended += wait_exit(backend)
-    assert {e.code for e in ended} == {0}
+    codes = {e.handle.run_id: e.code for e in ended}
     out = {r.id: (layout.run_dir(tmp_path, "e", r.id) / layout.OUTPUT).read_text()
            for r in (gpu_run, cpu_run)}
+    assert codes[cpu_run.id] == 0
     assert "CUDA_VISIBLE_DEVICES='3'" in out[gpu_run.id]
     assert "CUDA_VISIBLE_DEVICES=''" in out[cpu_run.id]
+    if not torch.cuda.is_available():  # given GPU 3 without CUDA: the environment error, no CPU run
+        assert codes[gpu_run.id] == states.EXIT_CODES[states.FAILED]
+        assert "environment: given GPU(s)" in out[gpu_run.id]
 
 
 def test_cancel_checkpoints_then_a_stuck_run_is_killed(make_backend, tmp_path):

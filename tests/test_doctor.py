@@ -302,7 +302,7 @@ def test_doctor_on_a_healthy_root(copy):
     assert code == 0, out
     assert [line.split()[:2] for line in out.splitlines()] == [
         ["ok", "root"], ["ok", "store"], ["ok", "engine"], ["ok", "heartbeat"],
-        ["ok", "temporaries"], ["ok", "gpu"]]
+        ["ok", "temporaries"], ["ok", "gpu"], ["ok", "environment"]]
     assert "integrity ok; 4 completed, 2 failed" in out
     assert "engine not running; its last heartbeat was" in out  # the engine beat while it ran
 
@@ -402,3 +402,15 @@ def test_store_damage_is_one_exception_type(tmp_path):
     with pytest.raises(StoreDamaged) as e:
         Store(tmp_path)
     assert "\n" not in str(e.value)
+
+
+def test_environment_check_prints_versions_and_fails_for_a_gpu_torch_cannot_use(monkeypatch):
+    import torch
+
+    check = doctor.check_environment()
+    assert check.status == doctor.OK and f"torch {torch.__version__}" in check.message
+    assert "cuDNN" in check.message and "driver" in check.message and "CUDA_VISIBLE_DEVICES" in check.message
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+        check = doctor.check_environment()
+        assert check.status == doctor.FAIL and "device_count() is 0" in check.message

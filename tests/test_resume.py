@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gridrun.engine import checkpoint, layout, runlog, states
+from gridrun.engine import checkpoint, layout, records, runlog, states
 from gridrun.engine.spec import TRAINER_KEYS, RunSpec, write_run_config
 from gridrun.engine.trainer import train
 
-TIMING = {"t", "samples_per_s", "step_time", "tokens_per_s"}
+TIMING = records.TIMING  # what differs between identical replays
 
 
 def make_run(tmp_path: Path, name: str, task_args: dict, **trainer) -> tuple[RunSpec, Path]:

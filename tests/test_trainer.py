@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from gridrun.engine import checkpoint, layout, runlog, states
+from gridrun.engine import checkpoint, layout, records, runlog, states
 from gridrun.engine.optim import lr_at
 from gridrun.engine.spec import TRAINER_KEYS, RunSpec
 from gridrun.engine.tasks.spirals import spirals
 from gridrun.engine.trainer import evaluate, train
 
-TIMING = {"t", "samples_per_s", "step_time", "tokens_per_s"}
+TIMING = records.TIMING  # what differs between identical replays
 QUIET = {"log": lambda s: None}
 
 

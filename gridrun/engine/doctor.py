@@ -203,9 +203,51 @@ def check_gpu() -> Check:
     if nvml and seen != nvml and visible is None:
         return Check("gpu", WARN, f"NVML sees {nvml} GPU(s) but torch sees {seen} ({build})")
     names = ", ".join(sorted({torch.cuda.get_device_name(i) for i in range(seen)}))
-    return Check("gpu", OK, f"{seen} GPU(s) usable by torch ({names}); NVML sees {nvml}"
+    broken = [m for m in map(_matmul, range(seen)) if m]
+    if broken:
+        return Check("gpu", FAIL, f"{len(broken)} of {seen} GPU(s) fail a small matmul: "
+                     + "; ".join(broken), tuple(broken))
+    return Check("gpu", OK, f"{seen} GPU(s) usable by torch ({names}), each passes a small "
+                 f"matmul; NVML sees {nvml}"
                  + (f"; CUDA_VISIBLE_DEVICES={visible}" if visible is not None else "")
                  + f"; {build}")
+
+
+def _matmul(index: int) -> str | None:
+    """None when GPU `index` multiplies two small matrices as the CPU does, else why not."""
+    import torch
+
+    try:
+        g = torch.Generator().manual_seed(0)
+        a, b = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
+        got = (a.to(f"cuda:{index}") @ b.to(f"cuda:{index}")).cpu()
+        if not torch.allclose(got, a @ b, rtol=1e-2, atol=1e-2):
+            return f"cuda:{index} gives a wrong product"
+    except Exception as exc:  # a GPU that faults is what this check is for
+        return f"cuda:{index}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
+
+
+def check_environment() -> Check:
+    """What summary.json records of a run's environment (environment.describe), for this
+    machine: versions, driver, CUDA_VISIBLE_DEVICES and the default determinism settings."""
+    try:
+        from gridrun.engine import environment
+    except ImportError:
+        return Check("environment", WARN, "torch is not installed")
+    try:
+        device = environment.pick_device()
+    except environment.EnvironmentProblem as exc:
+        return Check("environment", FAIL, str(exc))
+    env = environment.describe(device)
+    driver = env["driver"] or environment.nvml().get("driver")
+    parts = [f"torch {env['torch']}", f"CUDA {env['cuda'] or 'none'}", f"cuDNN {env['cudnn'] or 'none'}",
+             f"driver {driver or 'none'}", f"runs train on {device.type}"
+             + (f" ({env['gpu']}, {env['gpu_memory_bytes'] / 2**30:.0f} GiB)" if env["gpu"] else ""),
+             f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES'] if env['CUDA_VISIBLE_DEVICES'] is not None else 'unset'}",
+             "deterministic = true sets use_deterministic_algorithms, cudnn.deterministic, "
+             "cudnn.benchmark off and CUBLAS_WORKSPACE_CONFIG=:4096:8"]
+    return Check("environment", OK, "; ".join(parts))
 
 
 def run_checks(root: str | os.PathLike, *, gpu: bool = True) -> list[Check]:
@@ -219,7 +261,7 @@ def run_checks(root: str | os.PathLike, *, gpu: bool = True) -> list[Check]:
         if store is not None:
             store.close()
     if gpu:
-        checks.append(check_gpu())
+        checks += [check_gpu(), check_environment()]
     return checks
 
 

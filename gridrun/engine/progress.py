@@ -17,6 +17,7 @@ No torch, no pandas: the interface imports this.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -28,6 +29,14 @@ from gridrun.engine.records import Summary
 # (plus a minute) is a pause (the run was stopped and resumed), not the pace
 _PAUSE_FACTOR, _PAUSE_SLACK_S = 10.0, 60.0
 _PACE_WEIGHT = 0.3  # of the latest interval in the pace's moving average
+
+# flags a view shows beside a run
+INPUT_BOUND = "input-bound"  # waits for its DataLoader more than INPUT_BOUND_SHARE of the time
+MEMORY_CREEP = "memory creep"  # its memory grew steadily over the last CREEP_POINTS log points
+INPUT_BOUND_SHARE = 0.3
+WAIT_POINTS = 5  # log points the data wait is averaged over (the first one starts workers: skipped)
+CREEP_POINTS = 8
+CREEP_GROWTH = 0.02  # growth, of the first of those points, below which memory is flat
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,10 @@ class Progress:
     t: float | None = None  # the time of the last line
     s_per_step: float | None = None  # wall time per step, evaluations included (moving average)
     lines: int = 0
+    grad_norm: float | None = None  # the last train line's
+    data_wait: float | None = None  # the last train line's
+    waits: tuple[float, ...] = ()  # the data wait of the last WAIT_POINTS train lines, the first left out
+    memory: tuple[float, ...] = ()  # the memory figure of the last CREEP_POINTS train lines
     _train: tuple[float, int] | None = None  # (t, step) of the last train line
 
     @classmethod
@@ -89,6 +102,18 @@ class Progress:
             return None
         left = (self.total_steps - self.step) * self.s_per_step
         return max(0.0, left - max(0.0, (now if now is not None else self.t) - self.t))
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """INPUT_BOUND and MEMORY_CREEP, when they apply."""
+        out = []
+        if self.waits and sum(self.waits) / len(self.waits) > INPUT_BOUND_SHARE:
+            out.append(INPUT_BOUND)
+        m = self.memory
+        if len(m) == CREEP_POINTS and m[-1] > m[0] * (1 + CREEP_GROWTH) and all(
+                b >= a for a, b in itertools.pairwise(m)):
+            out.append(MEMORY_CREEP)
+        return tuple(out)
 
     @property
     def ends_at(self) -> float | None:
@@ -134,6 +159,13 @@ def fold(records: Iterable[Mapping[str, Any]], *, previous: Progress | None = No
                         _PACE_WEIGHT * pace + (1 - _PACE_WEIGHT) * was)
             if isinstance(t, int | float):
                 new["_train"] = (t, step)
+            new["grad_norm"] = line.get(rec.GRAD_NORM)
+            wait = new["data_wait"] = line.get(rec.DATA_WAIT)
+            if isinstance(wait, int | float) and before is not None:
+                new["waits"] = (*get("waits", p.waits), wait)[-WAIT_POINTS:]
+            mem = next((line[k] for k in rec.MEMORY if isinstance(line.get(k), int | float)), None)
+            if mem is not None:
+                new["memory"] = (*get("memory", p.memory), mem)[-CREEP_POINTS:]
         elif split == rec.VAL:
             values = rec.metric_items(line)
             new["last"] = values

@@ -35,8 +35,17 @@ PLACE = frozenset({T, STEP, EPOCH, SPLIT})  # where a line is: on every line
 TOTAL_STEPS, METRICS, EARLY_STOP_METRIC = "total_steps", "metrics", "early_stop_metric"  # start
 LOSS = "loss"  # a train line's one metric
 LR, SAMPLES_PER_S, STEP_TIME, TOKENS_PER_S = "lr", "samples_per_s", "step_time", "tokens_per_s"
-LOOP = frozenset({LR, SAMPLES_PER_S, STEP_TIME, TOKENS_PER_S})  # the loop's values on a train line
-TIMING = frozenset({T, SAMPLES_PER_S, STEP_TIME, TOKENS_PER_S})  # differ between identical replays
+# diagnostics of a train line, all read in the log point's one host sync (or host-side):
+GRAD_NORM = "grad_norm"  # the global gradient norm before clipping, at the log point's step
+CLIPPED = "clipped"  # the share of the interval's steps where clipping bit (with clip_grad only)
+DATA_WAIT = "data_wait"  # the share of the interval's wall time spent waiting for the DataLoader
+MEM_ALLOCATED, MEM_RESERVED, MEM_PEAK = "mem_allocated", "mem_reserved", "mem_peak"  # CUDA bytes
+RSS = "rss"  # the process's resident memory in bytes, on the CPU
+MEMORY = (MEM_ALLOCATED, RSS)  # the one memory figure a line has, by device
+LOOP = frozenset({LR, SAMPLES_PER_S, STEP_TIME, TOKENS_PER_S, GRAD_NORM, CLIPPED, DATA_WAIT,
+                  MEM_ALLOCATED, MEM_RESERVED, MEM_PEAK, RSS})  # the loop's values on a train line
+TIMING = frozenset({T, SAMPLES_PER_S, STEP_TIME, TOKENS_PER_S, DATA_WAIT, MEM_ALLOCATED,
+                    MEM_RESERVED, MEM_PEAK, RSS})  # differ between identical replays
 NOT_METRICS = PLACE | LOOP | {TOTAL_STEPS, METRICS, EARLY_STOP_METRIC}
 
 
@@ -60,6 +69,13 @@ class TrainLine(TypedDict, total=False):
     samples_per_s: float | None
     step_time: float
     tokens_per_s: float | None  # only for tasks that count tokens
+    grad_norm: float | None  # null: non-finite (an fp16 step the scaler skipped)
+    clipped: float  # only with clip_grad
+    data_wait: float
+    mem_allocated: int  # these three on CUDA
+    mem_reserved: int
+    mem_peak: int  # since the previous log point
+    rss: int  # this one on the CPU
 
 
 class ValLine(TypedDict, total=False):  # plus one field per validation metric
@@ -77,12 +93,18 @@ def start_line(t: float, total_steps: int, metrics: Mapping[str, str],
 
 def train_line(t: float, step: int, epoch: int, loss: float, lr: float,
                samples_per_s: float | None, step_time: float, *, counts_tokens: bool = False,
-               tokens_per_s: float | None = None) -> TrainLine:
-    """A log point; `tokens_per_s` only for a task that counts tokens."""
+               tokens_per_s: float | None = None,
+               diagnostics: Mapping[str, float | int | None] | None = None) -> TrainLine:
+    """A log point; `tokens_per_s` only for a task that counts tokens; `diagnostics`
+    holds the fields named above (GRAD_NORM ... RSS) that apply to this run."""
     line: TrainLine = {T: t, STEP: step, EPOCH: epoch, SPLIT: TRAIN, LOSS: loss, LR: lr,
                        SAMPLES_PER_S: samples_per_s, STEP_TIME: step_time}
     if counts_tokens:
         line[TOKENS_PER_S] = tokens_per_s
+    for key, value in (diagnostics or {}).items():
+        if key not in LOOP:
+            raise ValueError(f"{key!r} is not a diagnostic of a train line")
+        line[key] = None if isinstance(value, float) and not math.isfinite(value) else value
     return line
 
 
@@ -243,6 +265,12 @@ class Summary:
     diverged_step: int | None = None
     resumed_from_step: int | None = None
     weights_sha256: str | None = None
+    data_wait: float | None = None  # the share of training time spent waiting for data
+    parameters: dict[str, Any] | None = None  # {"total": n, "trainable": n}
+    dtype: str | None = None  # the parameters' dtype(s), e.g. "float32"
+    unused_parameters: list[str] = field(default_factory=list)  # trainable, no grad at step 1
+    environment: dict[str, Any] | None = None  # versions, GPU, CUDA_VISIBLE_DEVICES (environment.py)
+    divergence: dict[str, Any] | None = None  # where a diverged run broke (diverge.py)
     warnings: list[str] = field(default_factory=list)
     provenance: dict[str, Any] | None = None  # git commit, dirty flag (older summaries)
 

@@ -28,15 +28,26 @@ def stream_seed(seed: int, epoch: int, batch: int) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
 
-def set_determinism(enabled: bool) -> dict[str, Any]:
+def set_determinism(enabled: bool, *, compiled: bool = False) -> dict[str, Any]:
     """Deterministic algorithms on or off; returns what was set, for summary.json.
 
     CUBLAS_WORKSPACE_CONFIG only takes effect if set before CUDA starts, so
     this runs before the model is built.
+
+    `torch.use_deterministic_algorithms` sets two flags: the one every eager
+    kernel reads (`torch._C._set_deterministic_algorithms`) and Inductor's
+    `config.deterministic`, whose import costs as long as importing torch
+    (about 1.4 s on 2 cores). Without `compiled`, nothing reads Inductor's, so
+    only the eager flag is set: the same effect on every kernel this run calls.
+    This is the one private torch call in gridrun; tests/test_diagnostics.py
+    checks that it matches the public function.
     """
     if enabled:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(enabled, warn_only=False)
+    if compiled:
+        torch.use_deterministic_algorithms(enabled, warn_only=False)
+    else:
+        torch._C._set_deterministic_algorithms(enabled, warn_only=False)
     torch.backends.cudnn.deterministic = enabled
     torch.backends.cudnn.benchmark = not enabled
     return {

@@ -8,6 +8,7 @@ log points; reading them there is the loop's only host sync.
 from __future__ import annotations
 
 import math
+import re
 import resource
 import sys
 import time
@@ -18,8 +19,9 @@ from typing import Any
 
 import torch
 
-from gridrun.engine import checkpoint, layout, records, states
+from gridrun.engine import checkpoint, environment, layout, levers, records, states
 from gridrun.engine.data import count_samples, start_epoch, to_device, train_loader, val_loader
+from gridrun.engine.diagnostics import Diagnostics, model_facts, unused_warning
 from gridrun.engine.optim import build_optimizer, lr_at
 from gridrun.engine.runlog import MetricsWriter
 from gridrun.engine.seeding import rng_state, seed_everything, set_determinism, set_rng_state
@@ -29,6 +31,21 @@ from gridrun.engine.tasks import Task, resolve
 # what a checkpoint must hold to resume from it (see save() in train)
 RESUME_KEYS = ("model", "optimizer", "scaler", "step", "epoch", "position", "best",
                "pending_losses", "rng", "metrics_offset", "final", "train_loss")
+
+
+# what autograd's anomaly mode raises: "Function 'LogBackward0' returned nan values in its 0th output."
+ANOMALY = re.compile(r"Function '(\w+)' returned nan values")
+
+
+class Probe:
+    """Watches a run as it trains (diverge.py replays a diverged run with one);
+    the null probe watches nothing."""
+
+    def attach(self, model: torch.nn.Module) -> None:
+        pass
+
+    def before_step(self, step: int, batch: Any) -> None:
+        """Before the forward of each micro-batch of optimizer step `step` (1-based)."""
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -59,16 +76,19 @@ def evaluate(model: torch.nn.Module, task: Task, loader: Any, device: torch.devi
     return dict(zip(names, values, strict=True))
 
 
-def peak_memory(device: torch.device) -> int:
+def peak_memory(device: torch.device, seen: int = 0) -> int:
+    """The run's peak; `seen`: the peaks of the intervals whose counters were reset."""
     if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
+        return max(seen, int(torch.cuda.max_memory_allocated(device)))
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
           should_stop: Callable[[], bool] = lambda: False,
-          log: Callable[[str], None] = lambda s: print(s, flush=True)) -> dict[str, Any]:
+          log: Callable[[str], None] = lambda s: print(s, flush=True),
+          probe: Probe | None = None) -> dict[str, Any]:
     """Train one run to the end (or to a stop request); returns its summary."""
+    probe = probe or Probe()
     run_dir = Path(run_dir)
     cfg = run.trainer
     started = time.time()
@@ -81,23 +101,30 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         summary["warnings"].append(message)
         log(f"warning: {message}")
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    summary["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    writer = None
+    device = torch.device("cpu")
+    writer = diag = None
+    step = 0
     try:
         # ---- seed and build
-        summary["determinism"] = set_determinism(cfg["deterministic"])
+        device = environment.pick_device()  # a GPU it was given and cannot use: fail, never the CPU
+        summary["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        summary["determinism"] = set_determinism(cfg["deterministic"], compiled=cfg["compile"])
+        summary["environment"] = environment.describe(device, summary["determinism"])
         torch.autograd.set_detect_anomaly(cfg["detect_anomaly"])
         seed_everything(run.seed)
         task: Task = resolve(run.task)(**run.task_args)
         model = task.model.to(device)
+        summary["parameters"], summary["dtype"] = model_facts(model)
+        levers.checkpoint_modules(model, cfg["checkpoint_modules"])
+        probe.attach(model)
         precision = resolve_precision(cfg["precision"], device)
         summary["precision"] = precision
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         autocast = (torch.autocast(device.type, dtype=dtype) if dtype else nullcontext())
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         optimizer = build_optimizer(model.parameters(), cfg)
-        step_model = torch.compile(model) if cfg["compile"] else model
+        step_model = levers.compiled(model, cfg)
+        diag = Diagnostics(model, device, cfg["clip_grad"])
         accumulate, batch_size = cfg["accumulate"], cfg["batch_size"]
         batches = len(task.train_data) // batch_size
         steps_per_epoch = batches // accumulate
@@ -176,25 +203,31 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
             best["bad_evals"] += 1
             return bool(cfg["early_stop_patience"]) and best["bad_evals"] >= cfg["early_stop_patience"]
 
-        def read_pending(weights: bool = False) -> tuple[list[float], int | None]:
-            """The losses since the last log point and the first non-finite step, in one sync.
+        def read_pending(weights: bool = False, extra: list[torch.Tensor] | None = None
+                         ) -> tuple[list[float], int | None, list[float]]:
+            """The losses since the last log point, the first non-finite step and
+            the `extra` values (the diagnostics'), in one sync.
 
             With `weights`, also whether every parameter is finite (the last
             update can break the weights before any loss shows it): if not,
             this step is the diverged one.
             """
             parts = [torch.stack(pending).float()] if pending else []
+            if extra:
+                parts.append(torch.stack(extra).to(device))
             if weights:
                 finite = torch.stack([p.isfinite().all() for p in model.parameters()]).all()
                 parts.append(torch.where(finite, 0.0, math.nan).reshape(1).to(device))
             if not parts:
-                return [], None
+                return [], None, []
             values = torch.cat(parts).tolist()
             weights_ok = math.isfinite(values.pop()) if weights else True
+            extras = values[len(values) - len(extra or ()):]
+            del values[len(values) - len(extras):]
             for i, v in enumerate(values):
                 if not math.isfinite(v):
-                    return values, step - (len(values) - 1 - i) // accumulate
-            return values, None if weights_ok else step
+                    return values, step - (len(values) - 1 - i) // accumulate, extras
+            return values, None if weights_ok else step, extras
 
         # ---- the loop
         model.train()
@@ -211,11 +244,12 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         stop_early = False
         while step < total and not stop_early and status == states.COMPLETED:
             start_epoch(loader, run.seed, epoch, position)
-            for batch in loader:
+            for batch in diag.batches(loader):
                 samples += count(batch)
                 if task.count_tokens:
                     tokens += task.count_tokens(batch)
                 batch = to_device(batch, device, non_blocking=non_blocking)
+                probe.before_step(step + 1, batch)
                 with autocast:
                     loss = task.loss(step_model, batch)
                 pending.append(loss.detach())
@@ -226,9 +260,17 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
                 lr = lr_at(step, cfg, total)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
+                if (unused := diag.unused()):
+                    summary["unused_parameters"] = unused
+                    warn(unused_warning(unused))
+                log_now = (step + 1) % cfg["log_every"] == 0 or step + 1 == total or (
+                    position + accumulate >= steps_per_epoch * accumulate)
                 if cfg["clip_grad"]:
                     scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip_grad"])
+                    diag.clip_grads()
+                elif log_now:
+                    scaler.unscale_(optimizer)  # what scaler.step would do: the same update
+                    diag.measure_norm()
                 scaler.step(optimizer)
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
@@ -237,8 +279,8 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
                 interval_steps += 1
                 last_of_epoch = position >= steps_per_epoch * accumulate
 
-                if step % cfg["log_every"] == 0 or step == total or last_of_epoch:
-                    losses, bad_step = read_pending()  # the one host sync
+                if log_now:
+                    losses, bad_step, read = read_pending(extra=diag.device_values())  # the one host sync
                     elapsed = time.perf_counter() - interval_start
                     train_time += elapsed
                     total_samples += samples
@@ -252,7 +294,8 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
                     writer.write(records.train_line(
                         time.time(), step, epoch, mean_loss, lr, speed, elapsed / interval_steps,
                         counts_tokens=bool(task.count_tokens),
-                        tokens_per_s=tokens / elapsed if elapsed else None))
+                        tokens_per_s=tokens / elapsed if elapsed else None,
+                        diagnostics=diag.line(read, elapsed)))
                     summary["train_loss"] = mean_loss
                     log(f"train step {step:>6}/{total}  epoch {epoch}  loss {mean_loss:.4f}  "
                         f"lr {lr:.3g}  {speed or 0:,.0f} samples/s")
@@ -291,25 +334,41 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         summary["weights_sha256"] = checkpoint.weights_sha256(model.state_dict())
         summary["best"], summary["best_step"] = best["metrics"], best["step"]
         if train_time:
+            summary["data_wait"] = min(1.0, diag.total_waited / train_time)
             summary["samples_per_s"] = total_samples / train_time
             summary["tokens_per_s"] = total_tokens / train_time if task.count_tokens else None
         if stop_early:
             log(f"early stop at step {step}: no better {metric} in {cfg['early_stop_patience']} evaluations")
+    except environment.EnvironmentProblem as exc:
+        summary.update(status=states.FAILED, error=str(exc))
+        log(str(exc))
     except torch.OutOfMemoryError as exc:
         summary.update(status=states.OOM, error=f"out of memory: {exc}")
         if device.type == "cuda":
             print(torch.cuda.memory_summary(device), file=sys.stderr)
         log(f"out of memory: {exc}")
+    except RuntimeError as exc:
+        if not (cfg["detect_anomaly"] and (found := ANOMALY.search(str(exc)))):
+            failed(summary, exc)
+        else:  # a non-finite value, found by anomaly mode in the backward: diverged, not failed
+            summary.update(status=states.DIVERGED, step=step, diverged_step=step + 1,
+                           error=str(exc).splitlines()[0])
+            summary["divergence"] = {"step": step + 1, "phase": "backward", "op": found.group(1)}
+            log(f"diverged: anomaly mode found {found.group(1)} returning NaN at step {step + 1}")
     except Exception as exc:
-        import traceback
-
-        summary.update(status=states.FAILED, error=f"{type(exc).__name__}: {exc}",
-                       traceback=traceback.format_exc())
-        print(summary["traceback"], file=sys.stderr, flush=True)
+        failed(summary, exc)
     finally:
         if writer is not None:
             writer.close()
-    summary["peak_memory_bytes"] = peak_memory(device)
+    summary["peak_memory_bytes"] = peak_memory(device, diag.peak if diag else 0)
     summary["ended_at"] = time.time()
     summary["wall_time_s"] = summary["ended_at"] - started
     return summary
+
+
+def failed(summary: dict[str, Any], exc: BaseException) -> None:
+    import traceback
+
+    summary.update(status=states.FAILED, error=f"{type(exc).__name__}: {exc}",
+                   traceback=traceback.format_exc())
+    print(summary["traceback"], file=sys.stderr, flush=True)

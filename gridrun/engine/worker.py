@@ -52,6 +52,26 @@ def read_config(run_dir: Path) -> Any:
     return RunSpec.from_dict(tomllib.loads(layout.read_private(run_dir / layout.CONFIG).decode()))
 
 
+def replay_divergence(run: Any, run_dir: Path, summary: dict[str, Any],
+                      stop: Any = lambda: False) -> dict[str, Any]:
+    """Where a diverged run broke, found by replaying it (diverge.py); what the
+    run itself saw (anomaly mode's op) is kept when the replay cannot tell more."""
+    from gridrun.engine import diverge
+
+    seen = summary.get("divergence") or {}
+    print(f"replaying to step {summary.get('diverged_step')} to find where it diverged",
+          flush=True)
+    try:
+        found = diverge.explain(run, run_dir, summary.get("diverged_step"), should_stop=stop)
+    except Exception as exc:  # an explanation that fails must not lose the run's own summary
+        found = {**seen, "reproduced": False, "note": f"the replay failed: {type(exc).__name__}: {exc}"}
+    found = {**seen, **{k: v for k, v in found.items() if v is not None}}
+    line = diverge.describe(found)
+    print(line, flush=True)
+    summary["warnings"].append(line)
+    return found
+
+
 def main(run_dir: str | Path, *, fresh: bool = False) -> int:
     from gridrun.engine.trainer import train
 
@@ -69,6 +89,9 @@ def main(run_dir: str | Path, *, fresh: bool = False) -> int:
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         summary = train(run, run_dir, fresh=fresh, should_stop=stop.is_set)
+        if summary["status"] == states.DIVERGED and not stop.is_set():
+            # SIGTERM meanwhile ends the replay (a cancel must not wait for it)
+            summary["divergence"] = replay_divergence(run, run_dir, summary, stop.is_set)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

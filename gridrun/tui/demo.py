@@ -48,11 +48,23 @@ def records(steps: int = 400, every: int = 10) -> list[dict]:
     for s in range(every, steps + 1, every):
         out.append({"t": NOW + s, "step": s, "epoch": s // 20, "split": "train",
                     "loss": 0.9 * math.exp(-s / 150) + 0.05, "lr": 1e-3 * (1 - s / steps),
-                    "samples_per_s": 5000 + 50 * math.sin(s / 30), "step_time": 0.02})
+                    "samples_per_s": 5000 + 50 * math.sin(s / 30), "step_time": 0.02,
+                    # diagnostics: a gradient spike at step 200, data wait falling once
+                    # workers warm up, memory creeping up
+                    "grad_norm": 2.0 * math.exp(-s / 100) + 0.1 + (30.0 if s == 200 else 0.0),
+                    "data_wait": 0.05 + 0.4 * math.exp(-s / 60), "rss": (600 + s / 4) * 2**20})
         if s % 50 == 0:
             out.append({"t": NOW + s, "step": s, "epoch": s // 20, "split": "val",
                         "accuracy": 1 - 0.5 * math.exp(-s / 120), "loss": 0.8 * math.exp(-s / 160)})
     return out
+
+
+DIAGNOSED = {  # what a summary says of a run's diagnostics (records.Summary's fields)
+    "status": "running", "parameters": {"total": 52867, "trainable": 52867}, "dtype": "float32",
+    "unused_parameters": ["head.scale"], "data_wait": 0.12,
+    "environment": {"torch": "2.13.0", "cuda": "12.8", "cudnn": 91000, "driver": "575.51",
+                    "gpu": "NVIDIA H100 80GB HBM3", "CUDA_VISIBLE_DEVICES": "0"},
+}
 
 
 def source(n: int = 24, *, gpus: bool = True) -> FakeSource:
@@ -80,7 +92,9 @@ def source(n: int = 24, *, gpus: bool = True) -> FakeSource:
     return FakeSource(
         [first], root="/tmp/gridrun-demo",
         metrics={r.id: records() for r in all_rows[:8]},
-        details={failed.id: RunDetail({"lr": 0.001, "hidden": 64, "epochs": 20},
+        details={**{r.id: RunDetail({"lr": 0.001, "hidden": 64, "epochs": 20}, DIAGNOSED, None)
+                    for r in all_rows[:8]},
+                 failed.id: RunDetail({"lr": 0.001, "hidden": 64, "epochs": 20},
                                       {"status": "failed", "step": 120},
                                       "Traceback (most recent call last):\n  ...\nValueError: boom")},
         plans={"./experiments.toml": Plan("./experiments.toml", runs=plan_runs),

@@ -39,6 +39,7 @@ class RunRow:
     started_at: float | None = None
     ended_at: float | None = None
     note: str | None = None
+    flags: tuple[str, ...] = ()  # progress.INPUT_BOUND, progress.MEMORY_CREEP
 
 
 @dataclass(frozen=True)

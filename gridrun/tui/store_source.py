@@ -21,7 +21,7 @@ from typing import Any
 
 from gridrun.engine import layout, runlog, verdict
 from gridrun.engine.doctor import lost_queue_warning
-from gridrun.engine.progress import Progress, fold
+from gridrun.engine.progress import INPUT_BOUND, INPUT_BOUND_SHARE, Progress, fold
 from gridrun.engine.records import Summary
 from gridrun.engine.store import Run, Store
 from gridrun.tui.source import (
@@ -48,7 +48,8 @@ def _row(run: Run) -> RunRow:
         best=s.best_value, best_name=s.early_stop_metric or "",
         best_direction=s.metrics.get(s.early_stop_metric or "", ""),
         samples_per_s=s.samples_per_s, slot=run.slot, queued_at=run.queued_at,
-        started_at=run.started_at, ended_at=run.ended_at, note=run.note)
+        started_at=run.started_at, ended_at=run.ended_at, note=run.note,
+        flags=(INPUT_BOUND,) if (s.data_wait or 0) > INPUT_BOUND_SHARE else ())
 
 
 def named(header: tuple[str, ...], value: str | None) -> tuple[str, ...]:
@@ -83,7 +84,7 @@ class Live:
         if not p.lines:  # nothing logged yet
             return row
         return replace(row, step=p.step, epoch=p.epoch, train_loss=p.train_loss,
-                       samples_per_s=p.samples_per_s)
+                       samples_per_s=p.samples_per_s, flags=p.flags)
 
 
 class StoreSource:

@@ -102,3 +102,20 @@ def test_detail_output_scrolled(snap_compare, make_app, size):
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=size, run_before=open_output)
+
+
+def test_detail_diagnostics(snap_compare, make_app):
+    """The diagnostics tab: grad norm (log, a spike), data wait and memory curves, the findings."""
+    app, _ = make_app()
+
+    async def open_diagnostics(pilot):
+        from textual.widgets import TabbedContent
+
+        await settle(pilot)
+        await pilot.press("enter")
+        await until(pilot, lambda: "grad_norm" in app.screen.data.series)
+        app.screen.query_one(TabbedContent).active = "diagnostics-tab"
+        await pilot.pause()
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(120, 40), run_before=open_diagnostics)

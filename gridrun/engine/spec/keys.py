@@ -34,6 +34,16 @@ class Key:
     affects_results: bool = True  # False: left out of the run id
 
 
+def in_run_id(trainer: Any) -> dict[str, Any]:
+    """The trainer keys a run id hashes: those that change results. compile_mode
+    changes them only with compile on, and at "default" is what compiled runs
+    used before the key existed, so their ids stay."""
+    out = {k: v for k, v in trainer.items() if k not in TRAINER_KEYS or TRAINER_KEYS[k].affects_results}
+    if not trainer.get("compile") or out.get("compile_mode") == "default":
+        out.pop("compile_mode", None)
+    return out
+
+
 TRAINER_KEYS: dict[str, Key] = {k.name: k for k in [
     Key("epochs", "integer", 10, "passes over the training data", min=1),
     Key("max_steps", "integer", 0, "stop after this many optimizer steps (0: no cap)", min=0),
@@ -66,6 +76,12 @@ TRAINER_KEYS: dict[str, Key] = {k.name: k for k in [
     Key("detect_anomaly", "boolean", False, "autograd anomaly detection (slow; for debugging)",
         affects_results=False),
     Key("compile", "boolean", False, "wrap the model in torch.compile"),
+    Key("compile_mode", "string", "default", "torch.compile's mode (part of the run id only with "
+        "compile = true, and then only when not default)",
+        choices=("default", "reduce-overhead", "max-autotune")),
+    Key("checkpoint_modules", "array of strings", [], "activation checkpointing (non-reentrant "
+        "torch.utils.checkpoint) of every submodule of these classes: less memory for one more "
+        "forward, bitwise the same results", affects_results=False),
     Key("num_workers", "integer", 0, "DataLoader worker processes", min=0, affects_results=False),
     Key("pin_memory", "boolean or \"auto\"", "auto", "pinned host memory (auto: on with CUDA)",
         affects_results=False),
@@ -126,6 +142,9 @@ KEY_ALIASES: dict[str, str] = {
     **dict.fromkeys(("use_deterministic_algorithms", "deterministic_algorithms", "determinism"),
                     "deterministic"),
     **dict.fromkeys(("anomaly_detection", "detect_anomalies"), "detect_anomaly"),
+    **dict.fromkeys(("gradient_checkpointing", "activation_checkpointing", "checkpoint_activations",
+                     "grad_checkpointing"), "checkpoint_modules"),
+    **dict.fromkeys(("torch_compile_mode", "compilation_mode"), "compile_mode"),
 }
 
 # Values other tools spell their own way, for keys with a fixed set of choices.
@@ -244,6 +263,10 @@ def check_trainer_value(key: Key, value: Any) -> tuple[Any, str | None]:
         if isinstance(value, bool) or value == "auto":
             return value, None
         return None, f'expected a boolean or "auto", {got}'
+    if key.type == "array of strings":
+        if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
+            return list(value), None
+        return None, f"expected an array of class names (strings), {got}"
     if key.type == "array of 2 floats":
         if (isinstance(value, list) and len(value) == 2 and all(_is_number(b) for b in value)
                 and all(0 <= b < 1 for b in value)):

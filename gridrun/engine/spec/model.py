@@ -14,7 +14,7 @@ from typing import Any
 
 import tomli_w
 
-from gridrun.engine.spec.keys import TRAINER_KEYS
+from gridrun.engine.spec.keys import in_run_id
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,7 @@ def run_id(experiment: str, task: str, trainer: Mapping[str, Any], task_args: Ma
     content = {
         "experiment": experiment,
         "task": task,
-        "trainer": {k: v for k, v in trainer.items()
-                    if k not in TRAINER_KEYS or TRAINER_KEYS[k].affects_results},
+        "trainer": in_run_id(trainer),
         "task_args": dict(task_args),
         "seed": seed,
     }

@@ -20,6 +20,7 @@ from gridrun.tui.guard import refresh
 from gridrun.tui.source import ACTIVE, RunDetail, RunRow, Verdict
 from gridrun.tui.widgets import fmt
 from gridrun.tui.widgets.curves import DEFAULT_SMOOTHING, Curves, Series, step_smoothing
+from gridrun.tui.widgets.diagnostics import Diagnostics
 from gridrun.tui.widgets.keys import KeyBar
 from gridrun.tui.widgets.summary import table as summary_table
 from gridrun.tui.widgets.textview import TextView
@@ -128,6 +129,8 @@ class DetailScreen(Smoothing, Screen):
                 yield Static("", id="summary")
             with TabPane("config", id="config-tab"):
                 yield TextView("(no config)", id="config")
+            with TabPane("diagnostics", id="diagnostics-tab"):
+                yield Diagnostics(id="diagnostics")
         yield Input(placeholder="search: enter finds, n / N next and previous, esc closes",
                     id="search")
         yield KeyBar(FIRST)
@@ -223,6 +226,7 @@ class DetailScreen(Smoothing, Screen):
             self.verdict = d.verdict
             self.query_one("#title", Static).update(self.heading())
         self.query_one("#output", TextView).show(tail)
+        self.query_one(Diagnostics).show_summary(d.summary)
 
     @refresh
     def metrics_arrived(self, run_id: str, records: tuple[dict[str, Any], ...], reset: bool) -> None:
@@ -246,6 +250,7 @@ class DetailScreen(Smoothing, Screen):
         self.query_one("#rate", Curves).draw(
             "samples/s (left), lr (right)", self.data.pick("samples_per_s", "lr", wall=self.wall_clock),
             log=self.log_scale, right=("lr",), smoothing=self.smoothing, plain=("lr",), xlabel=x)
+        self.query_one(Diagnostics).draw(self.data.series, self.smoothing)
 
     # ---- keys -----------------------------------------------------------------------
 

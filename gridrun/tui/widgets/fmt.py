@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.text import Text
 
+from gridrun.engine.progress import INPUT_BOUND, MEMORY_CREEP
 from gridrun.tui.source import RunRow, Verdict
 
 GLYPHS = {"queued": ("·", "dim"), "running": ("▶", "bold cyan"), "completed": ("✓", "green"),
@@ -36,6 +37,16 @@ def text(v: Any, width: int = TEXT_WIDTH) -> str:
         s = f"<{type(v).__name__}>"
     s = " ".join(s.split())
     return s if len(s) <= width else s[:width - 1] + "…"
+
+
+FLAG_MARKS = {INPUT_BOUND: "io", MEMORY_CREEP: "mem↑"}
+
+
+def flags(names: Any) -> str:
+    """Short marks after a run's samples/s: waits for its data, memory creeping up."""
+    if not isinstance(names, tuple | list):
+        return ""
+    return "".join(f" {FLAG_MARKS.get(n, n) if isinstance(n, str) else text(n, 8)}" for n in names)
 
 
 def real(v: Any) -> float | None:

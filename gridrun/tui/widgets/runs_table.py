@@ -76,7 +76,7 @@ PLAIN = Style()  # never None: line filters (NO_COLOR's monochrome) read every s
 def cells(r: RunRow, now: float, marked: bool) -> tuple[str, ...]:
     return ("●" if marked else " ", fmt.status(r.status).plain, fmt.text(r.id),
             fmt.text(r.experiment), fmt.text(r.variant or "-"), fmt.text(r.seed), fmt.progress(r),
-            fmt.num(r.train_loss), fmt.num(r.best), fmt.num(r.samples_per_s, 3),
+            fmt.num(r.train_loss), fmt.num(r.best), fmt.num(r.samples_per_s, 3) + fmt.flags(r.flags),
             fmt.text(r.slot or ""), fmt.duration(fmt.elapsed(r, now)),
             fmt.duration(fmt.eta(r, now)), fmt.num(r.priority) if r.priority else "")
 

@@ -1,0 +1,97 @@
+"""The machine a run trains on: the device it may use, and what it is made of.
+
+`pick_device` is where a run given a GPU either gets it or fails: a slot that
+sets CUDA_VISIBLE_DEVICES to GPUs torch cannot use (a CPU build of torch, a
+driver that does not start) ends the run with `EnvironmentProblem`, never a
+run that quietly trains on the CPU. `describe` is what `summary.json` records
+and `gridrun doctor` prints: torch, CUDA, cuDNN and driver versions, the GPUs,
+CUDA_VISIBLE_DEVICES and the determinism settings. NVML is asked through
+nvidia-ml-py and never raises out of here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+import torch
+
+NO_GPU = ("", "-1", "none", "NoDevFiles")  # CUDA_VISIBLE_DEVICES values that hide every GPU
+
+
+class EnvironmentProblem(RuntimeError):
+    """The run was given a GPU it cannot use; str() says what was seen."""
+
+
+def nvml() -> dict[str, Any]:
+    """What the driver reports: {"driver": version, "gpus": [name, ...]} or {"error": why}."""
+    try:
+        import pynvml
+    except ImportError:
+        return {"error": "nvidia-ml-py is not installed"}
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError: no driver, no device files, no permission
+        return {"error": f"NVML unavailable: {exc}"}
+    try:
+        def text(v: Any) -> str:
+            return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+        count = pynvml.nvmlDeviceGetCount()
+        gpus = [text(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
+                for i in range(count)]
+        return {"driver": text(pynvml.nvmlSystemGetDriverVersion()), "gpus": gpus}
+    except Exception as exc:
+        return {"error": f"NVML query failed: {exc}"}
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def gpus_given() -> str | None:
+    """The GPUs this process was told to use (CUDA_VISIBLE_DEVICES), None when none."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or visible.strip() in NO_GPU:
+        return None
+    return visible.strip()
+
+
+def pick_device() -> torch.device:
+    """cuda when torch can use it; the CPU when no GPU was given; else EnvironmentProblem.
+
+    Without CUDA_VISIBLE_DEVICES a machine whose driver sees GPUs torch cannot
+    use fails too: a CPU run there is a broken install, not a choice.
+    """
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        return torch.device("cuda")
+    given = gpus_given()
+    seen = nvml() if given is not None or "CUDA_VISIBLE_DEVICES" not in os.environ else {}
+    nvml_gpus = seen.get("gpus") or []
+    if given is None and not nvml_gpus:
+        return torch.device("cpu")
+    build = f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none: a CPU build'})"
+    saw = (f"NVML sees {len(nvml_gpus)} GPU(s)" if "gpus" in seen
+           else f"NVML: {seen.get('error', 'not asked')}")
+    count = torch.cuda.device_count() if torch.version.cuda else 0
+    raise EnvironmentProblem(
+        ("environment: given GPU(s) by CUDA_VISIBLE_DEVICES=" + repr(given) if given is not None
+         else "environment: the driver has GPUs")
+        + f"; {saw} but torch.cuda.device_count() is {count} with {build}: a run fails here "
+        "rather than train on the CPU instead; `gridrun doctor` checks the machine")
+
+
+def describe(device: torch.device, determinism: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Versions, the GPU and the determinism settings, for summary.json."""
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    out: dict[str, Any] = {
+        "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": cudnn,
+        "driver": None, "gpu": None, "gpu_memory_bytes": None,
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "determinism": determinism,
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        out.update(gpu=props.name, gpu_memory_bytes=int(props.total_memory),
+                   driver=nvml().get("driver"))
+    return out
