@@ -105,6 +105,17 @@ def test_a_worker_given_a_gpu_without_cuda_fails_with_the_environment_error(tmp_
     assert not runlog.read_all(tmp_path / layout.METRICS)  # not one step on the CPU
 
 
+def test_gpus_declared_stand_ins_train_on_the_cpu_and_say_so(tmp_path, monkeypatch):
+    # a test cluster's fake GRES (SLURM) or num_gpus (Ray) on a CPU machine
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setenv("GRIDRUN_FAKE_GPUS", "1")
+    s = run_worker(tmp_path, spec())
+    assert s["status"] == states.COMPLETED and s["device"] == "cpu"
+    assert any("CUDA_VISIBLE_DEVICES=1 are stand-ins" in w for w in s["warnings"])
+
+
 def test_detect_anomaly_ends_as_diverged_with_the_op_not_failed(tmp_path):
     s = run_worker(tmp_path, spec("helper_tasks:nan_at", {"step": 3}, detect_anomaly=True))
     assert s["status"] == states.DIVERGED  # the scheduler does not retry a diverged run

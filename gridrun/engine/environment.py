@@ -18,6 +18,9 @@ from typing import Any
 import torch
 
 NO_GPU = ("", "-1", "none", "NoDevFiles")  # CUDA_VISIBLE_DEVICES values that hide every GPU
+# Set to 1 where the GPUs a scheduler hands out are stand-ins (a test cluster's fake
+# GRES or Ray's num_gpus on a CPU machine): runs train on the CPU and say so.
+STAND_INS = "GRIDRUN_FAKE_GPUS"
 
 
 class EnvironmentProblem(RuntimeError):
@@ -57,8 +60,14 @@ def gpus_given() -> str | None:
     return visible.strip()
 
 
+def stand_ins() -> bool:
+    """Whether the GPUs this process was given are declared stand-ins (GRIDRUN_FAKE_GPUS=1)."""
+    return os.environ.get(STAND_INS) == "1"
+
+
 def pick_device() -> torch.device:
-    """cuda when torch can use it; the CPU when no GPU was given; else EnvironmentProblem.
+    """cuda when torch can use it; the CPU when no GPU was given (or the ones given are
+    declared stand-ins, GRIDRUN_FAKE_GPUS=1); else EnvironmentProblem.
 
     Without CUDA_VISIBLE_DEVICES a machine whose driver sees GPUs torch cannot
     use fails too: a CPU run there is a broken install, not a choice.
@@ -66,6 +75,8 @@ def pick_device() -> torch.device:
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         return torch.device("cuda")
     given = gpus_given()
+    if given is not None and stand_ins():
+        return torch.device("cpu")
     seen = nvml() if given is not None or "CUDA_VISIBLE_DEVICES" not in os.environ else {}
     nvml_gpus = seen.get("gpus") or []
     if given is None and not nvml_gpus:

@@ -108,6 +108,9 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         # ---- seed and build
         device = environment.pick_device()  # a GPU it was given and cannot use: fail, never the CPU
         summary["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        if device.type == "cpu" and environment.gpus_given() is not None:  # only as stand-ins
+            warn(f"CUDA_VISIBLE_DEVICES={environment.gpus_given()} are stand-ins "
+                 f"({environment.STAND_INS}=1): trained on the CPU")
         summary["determinism"] = set_determinism(cfg["deterministic"], compiled=cfg["compile"])
         summary["environment"] = environment.describe(device, summary["determinism"])
         torch.autograd.set_detect_anomaly(cfg["detect_anomaly"])
