@@ -145,7 +145,8 @@ def _entry(spec: RunSpec, folder: Path | None, status: str | None,
     for kind in ("final", "best"):
         for name, value in (data.get(kind) or {}).items():
             row[f"{kind}_{name}"] = value
-    for source in (summary, (summary or {}).get("provenance"), provenance):
+    # a summary is a cleaned Summary (no git keys of its own): its provenance, and the store's
+    for source in ((summary or {}).get("provenance"), provenance):
         if isinstance(source, dict | Mapping):  # dict first: the common case, without the ABC
             for key, value in source.items():
                 if key.startswith("git"):
