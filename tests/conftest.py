@@ -29,3 +29,13 @@ def backend(tmp_path_factory):
     b.start()
     yield b
     b.close()
+
+
+@pytest.fixture(scope="module")
+def stand_in_gpus():
+    """A test cluster's GPUs are fake (Ray's num_gpus, SLURM's GRES on /dev/null): a run
+    given one trains on the CPU and says so (GRIDRUN_FAKE_GPUS); without it the run
+    fails with the environment error, as on a real machine."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRIDRUN_FAKE_GPUS", "1")
+        yield

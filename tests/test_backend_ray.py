@@ -57,17 +57,8 @@ def test_a_broken_ray_install_is_a_clear_error(tmp_path):
     assert "does not import" in proc.stdout and "libray.so" in proc.stdout
 
 
-@pytest.fixture(scope="module", autouse=True)
-def stand_in_gpus():
-    """This cluster's GPUs are fake: a run given one trains on the CPU and says so
-    (GRIDRUN_FAKE_GPUS; without it the run fails with the environment error)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GRIDRUN_FAKE_GPUS", "1")
-        yield
-
-
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(stand_in_gpus):
     """One head node: 2 CPUs and 2 fake GPUs, no dashboard, a small object store."""
     pytest.importorskip("ray")
     from ray.cluster_utils import Cluster

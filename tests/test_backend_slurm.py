@@ -50,17 +50,8 @@ def _cluster_answers() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module", autouse=True)
-def stand_in_gpus():
-    """This cluster's GPUs are fake: a run given one trains on the CPU and says so
-    (GRIDRUN_FAKE_GPUS; without it the run fails with the environment error)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GRIDRUN_FAKE_GPUS", "1")
-        yield
-
-
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(stand_in_gpus):
     why = _cluster_answers()
     if why:
         pytest.skip(why)
