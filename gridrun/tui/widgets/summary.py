@@ -44,10 +44,20 @@ def nbytes(v: Any) -> str:
     return f"{b / 2**20:.1f} MiB"
 
 
-def pairs(v: Any) -> str:
+def pairs(v: Any, depth: int = 0) -> str:
+    """`name value` pairs; an object inside (environment's determinism) in braces."""
     if not isinstance(v, Mapping):
         return fmt.text(v)
-    return "  ".join(f"{fmt.text(k, 24)} {ARROWS.get(x, fmt.num(x))}" for k, x in v.items())
+
+    def one(x: Any) -> str:
+        if isinstance(x, str):
+            return ARROWS.get(x) or fmt.text(x, 60)
+        if type(x) is int:
+            return f"{x:,}"  # a count (parameters): exact
+        if isinstance(x, Mapping) and depth < 2:
+            return "{" + pairs(x, depth + 1) + "}"
+        return fmt.num(x) if fmt.real(x) is not None or x is None else fmt.text(x, 60)
+    return "  ".join(f"{fmt.text(k, 24)} {one(x)}" for k, x in v.items())
 
 
 def value(key: str, v: Any) -> str:
