@@ -240,7 +240,7 @@ def test_memory_creep_is_steady_growth_over_the_last_points():
 
 def test_the_runs_table_marks_flagged_runs():
     from gridrun.tui.source import RunRow
-    from gridrun.tui.widgets.runs_table import cells
+    from gridrun.tui.widgets.columns import cells
 
     row = RunRow(id="a", experiment="e", variant="", seed=0, status="running", samples_per_s=5200.0,
                  flags=(progress.INPUT_BOUND, progress.MEMORY_CREEP))

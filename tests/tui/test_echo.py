@@ -11,8 +11,8 @@ from gridrun.tui import demo, state
 from gridrun.tui.app import GridrunApp
 from gridrun.tui.screens.dialogs import Confirm, RemoveConfirm
 from gridrun.tui.screens.sort import SortMenu
+from gridrun.tui.widgets.columns import GROUP
 from gridrun.tui.widgets.panels import StatusHeader
-from gridrun.tui.widgets.runs_table import GROUP
 
 
 def messages(app) -> list[str]:

@@ -12,7 +12,7 @@ from gridrun.tui.screens.detail import DetailScreen
 from gridrun.tui.screens.dialogs import Confirm, Prompt, QueueScreen
 from gridrun.tui.screens.help import HelpScreen
 from gridrun.tui.screens.overlay import OverlayScreen
-from gridrun.tui.widgets import runs_table
+from gridrun.tui.widgets import columns
 
 
 @aio
@@ -246,7 +246,7 @@ async def test_runs_changed_repaints_only_the_changed_line(make_app):
         before, rendered = table.shown[run.id], table.lines_rendered
         table.apply([replace(run, step=run.step + 1, train_loss=0.1234)])
         await pilot.pause()
-        changed = {k for k, a, b in zip(runs_table.COLUMNS, before, table.shown[run.id],
+        changed = {k for k, a, b in zip(columns.COLUMNS, before, table.shown[run.id],
                                         strict=True) if a != b}
         assert changed == {"eta", "loss", "progress"}  # ETA follows the step
         assert table.lines_rendered - rendered == 1  # that run's line, no other

@@ -6,9 +6,9 @@ from tui_helpers import aio, settle, until
 from gridrun.tui.screens.detail import DetailScreen
 from gridrun.tui.screens.overlay import OverlayScreen
 from gridrun.tui.widgets import fmt
+from gridrun.tui.widgets.columns import COLUMNS, CORE, GAP, fit
 from gridrun.tui.widgets.curves import SMOOTHING, ema, step_smoothing
 from gridrun.tui.widgets.keys import KeyBar
-from gridrun.tui.widgets.runs_table import COLUMNS, CORE, GAP, fit
 
 
 @pytest.mark.parametrize("width", [78, 100, 118, 158, 198])

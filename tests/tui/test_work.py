@@ -4,7 +4,7 @@ from dataclasses import replace
 
 from tui_helpers import aio, settle
 
-from gridrun.tui.widgets import runs_table
+from gridrun.tui.widgets import columns
 from gridrun.tui.widgets.keys import KeyBar
 
 
@@ -61,7 +61,7 @@ async def test_queue_order_after_sorting_keeps_the_file_order(make_app):
         before = list(table.order)
         assert before[-2:] == ["zz-first", "aa-second"]
         from gridrun.tui.screens.sort import CHOICES
-        for column in (*runs_table.SORTABLE, None):  # every column, then queue order again
+        for column in (*columns.SORTABLE, None):  # every column, then queue order again
             await pilot.press("s", CHOICES[column][0])
         await settle(pilot)
         after = list(table.order)

@@ -347,7 +347,7 @@ def config_text(config: Any) -> str:
 
 def waiting(main: Any, run_id: str) -> Text:
     """'queued: position 3 of 7; waits for a free slot (2 running)', or a stopped engine."""
-    from gridrun.tui.widgets.runs_table import queue_order
+    from gridrun.tui.widgets.columns import queue_order
 
     table, engine = main.table, main.engine
     queued = sorted((r for r in table.runs.values() if r.status == "queued"),

@@ -1,0 +1,135 @@
+"""The runs table's columns: what each shows and sorts by, and which fit a width.
+
+Plain functions over `RunRow`s, no widget: status, experiment, variant, seed,
+progress, loss and best stay at 80 columns; id, elapsed, eta, samples/s, slot
+and prio come back as the terminal widens; scrolled sideways, status and id
+stay put.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rich.cells import cell_len, set_cell_size
+from rich.style import Style
+
+from gridrun.engine import records as rec
+from gridrun.tui.source import RunRow
+from gridrun.tui.widgets import fmt
+
+COLUMNS = ("mark", "status", "id", "experiment", "variant", "seed", "progress", "loss", "best",
+           "samples/s", "slot", "elapsed", "eta", "prio")
+INDEX = {key: i for i, key in enumerate(COLUMNS)}
+LABELS = {"mark": " ", "samples/s": "smp/s", "loss": "train loss"}  # best: best_label()
+# Least widths; the names grow toward their longest value (up to MAX_WIDTH) when there is room.
+WIDTHS = {"mark": 1, "status": 11, "id": 10, "experiment": 10, "variant": 10, "seed": 4,
+          "progress": fmt.PROGRESS_WIDTH, "loss": 10, "best": 10, "samples/s": 6, "slot": 5,
+          "elapsed": 7, "eta": 7, "prio": 4}
+# Which columns a narrower terminal keeps: CORE always, then the others in this order.
+CORE = ("mark", "status", "experiment", "variant", "seed", "progress", "loss", "best")
+PRIORITY = (*CORE, "id", "elapsed", "eta", "samples/s", "slot", "prio")
+GROWS = ("experiment", "variant")
+RIGHT = frozenset({"seed", "loss", "best", "samples/s", "elapsed", "eta", "prio"})
+MAX_WIDTH = 32
+GAP = 1  # blank cells between two columns
+GROUP = "\x00"  # order's entries for group header rows: GROUP + the experiment's name
+FROZEN = ("mark", "status", "id")  # stay put when the table scrolls sideways
+SCROLLS = tuple(key for key in COLUMNS if key not in FROZEN)
+ARROWS = {rec.HIGHER: "↑", rec.LOWER: "↓"}
+# What each column sorts by: fmt.rank keys, so a value of the wrong type sorts
+# (after the numbers) instead of raising.
+R = fmt.rank
+SORT_KEYS: dict[str, Callable[[RunRow, float], tuple]] = {
+    "status": lambda r, now: (R(r.status),),
+    "id": lambda r, now: (R(r.id),),
+    "experiment": lambda r, now: (R(r.experiment), R(r.variant), R(r.seed)),
+    "variant": lambda r, now: (R(r.variant), R(r.seed)),
+    "seed": lambda r, now: (R(r.seed),),
+    "progress": lambda r, now: (R(fmt.fraction(r)), R(r.step)),
+    "loss": lambda r, now: (R(r.train_loss),),
+    "best": lambda r, now: (R(r.best),),
+    "samples/s": lambda r, now: (R(-(fmt.finite(r.samples_per_s) or 0.0)),),
+    "slot": lambda r, now: (R(r.slot or "~"),),
+    "elapsed": lambda r, now: (R(-(fmt.elapsed(r, now) or 0.0)),),
+    "eta": lambda r, now: (R(fmt.eta(r, now)),),
+    "prio": lambda r, now: (R(-(fmt.finite(r.priority) or 0.0)), R(r.queued_at)),
+}
+SORTABLE = tuple(SORT_KEYS)
+STATUS_STYLES = {s: Style.parse(style) for s, (_, style) in fmt.GLYPHS.items()}
+PLAIN = Style()  # never None: line filters (NO_COLOR's monochrome) read every segment's style
+
+
+def cells(r: RunRow, now: float, marked: bool) -> tuple[str, ...]:
+    return ("●" if marked else " ", fmt.status(r.status).plain, fmt.text(r.id),
+            fmt.text(r.experiment), fmt.text(r.variant or "-"), fmt.text(r.seed), fmt.progress(r),
+            fmt.num(r.train_loss), fmt.num(r.best), fmt.num(r.samples_per_s, 3) + fmt.flags(r.flags),
+            fmt.text(r.slot or ""), fmt.duration(fmt.elapsed(r, now)),
+            fmt.duration(fmt.eta(r, now)), fmt.num(r.priority) if r.priority else "")
+
+
+def queue_order(r: RunRow, arrival: int) -> tuple:
+    """The engine's order: priority, then first queued (then first read)."""
+    return (-(fmt.finite(r.priority) or 0.0), fmt.finite(r.queued_at) or 0.0, arrival)
+
+
+def matches(r: RunRow, needle: str) -> bool:
+    if not needle:
+        return True
+    hay = f"{r.id} {r.experiment} {r.variant} {r.status} seed={r.seed} {r.slot or ''}".lower()
+    return all(word in hay for word in needle.lower().split())
+
+
+def fit(width: int, want: dict[str, int], skip: int = 0) -> dict[str, int]:
+    """Column -> width for a line of `width` cells, in display order.
+
+    The core columns always; then id; then the names grow toward `want` (their
+    longest value); then the other columns in priority order while they fit;
+    what is left widens the names up to MAX_WIDTH. Scrolled sideways (`skip` > 0),
+    the FROZEN columns, then the others in display order from the skip-th on."""
+    if skip > 0:
+        return scrolled(width, want, skip)
+    widths = {key: WIDTHS[key] for key in CORE}
+    used = sum(widths.values()) + GAP * (len(widths) - 1)
+
+    def add(key: str) -> None:
+        nonlocal used
+        if used + GAP + WIDTHS[key] <= width:
+            widths[key] = WIDTHS[key]
+            used += GAP + WIDTHS[key]
+
+    def grow(limit: Callable[[str], int]) -> None:
+        nonlocal used
+        for key in GROWS:
+            extra = max(0, min(limit(key) - widths[key], width - used))
+            widths[key] += extra
+            used += extra
+
+    add("id")
+    grow(lambda key: min(MAX_WIDTH, want.get(key, 0)))
+    for key in PRIORITY[len(CORE) + 1:]:
+        add(key)
+    grow(lambda key: MAX_WIDTH if want.get(key, 0) > widths[key] else 0)
+    # the best column's name in full (`best accuracy↑`) when the room is there
+    widths["best"] += max(0, min(want.get("best", 0) - widths["best"], width - used))
+    return {key: widths[key] for key in COLUMNS if key in widths}
+
+
+def scrolled(width: int, want: dict[str, int], skip: int) -> dict[str, int]:
+    widths = {key: WIDTHS[key] for key in FROZEN}
+    used = sum(widths.values()) + GAP * (len(widths) - 1)
+    for key in SCROLLS[skip:]:
+        w = max(WIDTHS[key], min(MAX_WIDTH, want.get(key, 0))) if key in GROWS else WIDTHS[key]
+        if used + GAP + w > width:
+            w = width - used - GAP if key in GROWS else 0  # a name may shrink to what is left
+            if w < WIDTHS[key]:
+                break
+        widths[key] = w
+        used += GAP + w
+    return widths
+
+
+def clip(text: str, width: int, right: bool = False) -> str:
+    if cell_len(text) > width:
+        return set_cell_size(text, width - 1) + "…" if width > 1 else text[:width]
+    pad = " " * (width - cell_len(text))
+    return pad + text if right else text + pad
