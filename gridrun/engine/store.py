@@ -1,4 +1,5 @@
-"""The durable queue: SQLite at ROOT/gridrun.db. The only module that speaks SQL.
+"""The durable queue: SQLite at ROOT/gridrun.db. The only module that speaks SQL
+(its rows as Python values: store_rows.py).
 
 Everyone opens their own `Store`: the engine (the only writer of launches and
 exits), CLIs and TUIs (which write intents). WAL lets readers never block the
@@ -20,12 +21,21 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gridrun.engine import layout, states
 from gridrun.engine.spec import RunSpec
+from gridrun.engine.store_rows import (
+    Intent,
+    Run,
+    RunNotFound,
+    TelemetrySample,
+    dumps,
+    loads,
+    run_of,
+    to_columns,
+)
 
 RETRYABLE = (states.FAILED, states.DIVERGED, states.OOM, states.CANCELLED)
 ACTIVE = (states.QUEUED, states.RUNNING)
@@ -117,120 +127,6 @@ class _Guard:
             _damage(self.path, error)
         if damaged is not None:
             raise damaged from error
-
-
-class RunNotFound(KeyError):
-    """No run, or more than one, matches an id prefix. str() is the message."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-@dataclass(frozen=True)
-class Run:
-    """One row of `runs`. `config` is `RunSpec.to_dict()` (the resolved config)."""
-
-    id: str
-    experiment: str
-    variant: str
-    ablation: str
-    seed: int
-    config: Mapping[str, Any]
-    status: str
-    priority: int
-    attempt: int  # 1, then +1 for each retry or forced re-run
-    retries: int  # automatic retries (max_retries) spent in this attempt
-    restarts: int  # times its process died under it and it was requeued
-    fresh: bool  # the next launch ignores checkpoints
-    not_before: float  # backoff: not launched before this unix time
-    slot: str | None  # "cpu0", "gpu1", ... while running; FOREGROUND under `gridrun train`
-    pid: int | None
-    pid_start_time: float | None
-    queued_at: float
-    started_at: float | None
-    ended_at: float | None
-    error: str | None  # the exception and the output tail of a failed run
-    note: str | None  # the latest thing that happened to it, for people
-    summary: Mapping[str, Any] | None  # summary.json at the end
-    provenance: Mapping[str, Any] | None  # git commit, dirty flag, diff hash
-    adjustments: tuple[Mapping[str, Any], ...]  # e.g. the OOM retry's batch change
-    seq: int
-    placement: Mapping[str, Any] | None = None  # {"backend": "slurm", "job_id", "node", "state", "gpus"}
-
-    @property
-    def spec(self) -> RunSpec:
-        return RunSpec.from_dict(self.config)
-
-    def run_dir(self, root: str | os.PathLike) -> Path:
-        return layout.run_dir(root, self.experiment, self.id)
-
-    @property
-    def where(self) -> str:
-        """Where a backend placed it, for people: "slurm job 12 RUNNING on node7 (GPUs 0)";
-        "" when it ran on this machine. The one wording `ls` and the interface show; the
-        job's state only while the run runs (after, it is the last one seen, not news)."""
-        p = self.placement or {}
-        if not p.get("job_id"):
-            return ""
-        text = f"{p.get('backend', '')} job {p['job_id']}".strip()
-        if p.get("state") and self.status == states.RUNNING:
-            text += f" {p['state']}"
-        if p.get("node"):
-            text += f" on {p['node']}"
-        if p.get("gpus"):
-            text += f" (GPUs {p['gpus']})"
-        return text
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["config"], d["adjustments"] = dict(self.config), list(self.adjustments)
-        return d
-
-
-@dataclass(frozen=True)
-class Intent:
-    id: int
-    kind: str  # cancel | retry | priority | pause | resume | remove
-    run_id: str | None
-    value: Any
-    created_at: float
-    applied_at: float | None
-    outcome: str | None
-
-
-@dataclass(frozen=True)
-class TelemetrySample:
-    t: float
-    data: Mapping[str, Any]  # whatever Telemetry().sample() returned
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def _dumps(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, sort_keys=True)
-
-
-def _columns(fields: dict[str, Any]) -> dict[str, Any]:
-    """Fields as their columns hold them: JSON ones (summary, config, adjustments,
-    provenance) may be given as Python values, `fresh` as a bool."""
-    for key in ("summary", "config", "adjustments", "provenance", "placement"):
-        if key in fields and not isinstance(fields[key], str | None):
-            fields[key] = _dumps(list(fields[key]) if key == "adjustments" else fields[key])
-    if "fresh" in fields:
-        fields["fresh"] = int(fields["fresh"])
-    return fields
-
-
-def _run(row: sqlite3.Row) -> Run:
-    d = dict(row)
-    d["config"] = json.loads(d["config"])
-    d["summary"], d["provenance"] = _loads(d["summary"]), _loads(d["provenance"])
-    d["placement"] = _loads(d.get("placement"))
-    d["adjustments"] = tuple(_loads(d["adjustments"]) or ())
-    d["fresh"] = bool(d["fresh"])
-    return Run(**d)
 
 
 class Store:
@@ -340,7 +236,7 @@ class Store:
         sql = "SELECT * FROM runs" + (f" WHERE {' AND '.join(where)}" if where else "")
         with self._lock:
             rows = self._db.execute(sql + " ORDER BY priority DESC, queued_at, rowid", args).fetchall()
-        return [_run(r) for r in rows]
+        return [run_of(r) for r in rows]
 
     def get_run(self, prefix: str) -> Run:
         """The run whose id starts with `prefix`; RunNotFound if none or several."""
@@ -367,7 +263,7 @@ class Store:
         with self._lock:
             rows = self._db.execute(f"SELECT * FROM runs WHERE {where} ORDER BY {order}",
                                     args).fetchall()
-        runs = [_run(r) for r in rows]
+        runs = [run_of(r) for r in rows]
         return runs, max([seq, *(r.seq for r in runs)])
 
     def experiments(self) -> list[str]:
@@ -406,7 +302,7 @@ class Store:
         """
         queued, skipped = [], []
         now = time.time()
-        prov = _dumps(provenance)
+        prov = dumps(provenance)
         with self._tx() as db:
             for spec in runs:
                 row = db.execute("SELECT status, attempt FROM runs WHERE id = ?", (spec.id,)).fetchone()
@@ -449,8 +345,8 @@ class Store:
         now = time.time()
         with self._tx() as db:
             if self._status(db, spec.id) is None:
-                self._insert(db, spec, _dumps(provenance), 0, now)
-            before = _run(db.execute("SELECT * FROM runs WHERE id = ?", (spec.id,)).fetchone())
+                self._insert(db, spec, dumps(provenance), 0, now)
+            before = run_of(db.execute("SELECT * FROM runs WHERE id = ?", (spec.id,)).fetchone())
             took_over = (before.status == states.RUNNING and before.slot == FOREGROUND
                          and dead_pid is not None and before.pid == dead_pid)
             if before.status not in CLAIMABLE and not took_over:
@@ -470,7 +366,7 @@ class Store:
         """A foreground run ends (or, its process gone, goes back to the queue): only
         while it is still `running` on FOREGROUND under `pid`, so a process that was
         taken over never overwrites its successor."""
-        fields = _columns(fields)
+        fields = to_columns(fields)
         with self._tx() as db:
             mine = db.execute("SELECT 1 FROM runs WHERE id = ? AND status = ? AND slot = ? "
                               "AND pid = ?", (run_id, states.RUNNING, FOREGROUND, pid)).fetchone()
@@ -485,7 +381,7 @@ class Store:
         now = time.time()
         db.execute("INSERT INTO intents (kind, run_id, value, created_at, applied_at, outcome) "
                    "VALUES (?,?,?,?,?,?)",
-                   (kind, run_id, _dumps(value), now, now if outcome else None, outcome))
+                   (kind, run_id, dumps(value), now, now if outcome else None, outcome))
 
     def cancel(self, ids: Iterable[str]) -> dict[str, str]:
         """Cancel runs: a queued one at once; a running one is stopped by the
@@ -601,7 +497,7 @@ class Store:
         sql = "SELECT * FROM intents" + (" WHERE applied_at IS NULL" if pending else "")
         with self._lock:
             rows = self._db.execute(sql + " ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
-        return [Intent(**{**dict(r), "value": _loads(r["value"])}) for r in reversed(rows)]
+        return [Intent(**{**dict(r), "value": loads(r["value"])}) for r in reversed(rows)]
 
     def mark_applied(self, intent_id: int, outcome: str) -> None:
         with self._tx() as db:
@@ -632,14 +528,14 @@ class Store:
             rows = self._db.execute(
                 "SELECT * FROM runs WHERE status = ? AND not_before <= ? "
                 "ORDER BY priority DESC, queued_at, rowid LIMIT ?", (states.QUEUED, now, limit)).fetchall()
-        return [_run(r) for r in rows]
+        return [run_of(r) for r in rows]
 
     def transition(self, run_id: str, expected: str | Iterable[str], status: str,
                    **fields: Any) -> bool:
         """Move a run to `status` only if it is in `expected`; False if someone
         else moved it first. JSON fields (summary, config, adjustments) may be
         given as Python values."""
-        fields = _columns(fields)
+        fields = to_columns(fields)
         expected = [expected] if isinstance(expected, str) else list(expected)
         with self._tx() as db:
             return self._update(db, run_id, expected, status=status, **fields)
@@ -647,7 +543,7 @@ class Store:
     def set_placement(self, run_id: str, placement: Mapping[str, Any]) -> None:
         """Where the backend placed a run (a SLURM job); readers see it as a change."""
         with self._tx() as db:
-            self._update(db, run_id, None, placement=_dumps(placement))
+            self._update(db, run_id, None, placement=dumps(placement))
 
     # ---- telemetry ------------------------------------------------------------
 
