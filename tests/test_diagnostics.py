@@ -10,21 +10,11 @@ import sys
 
 import pytest
 import torch
+from test_trainer import QUIET, spec
 
 from gridrun.engine import layout, progress, records, runlog, states, worker
-from gridrun.engine.spec import TRAINER_KEYS, RunSpec, write_run_config
+from gridrun.engine.spec import TRAINER_KEYS, write_run_config
 from gridrun.engine.trainer import train
-
-QUIET = {"log": lambda s: None}
-
-
-def spec(task="spirals", task_args=None, seed=0, **trainer) -> RunSpec:
-    cfg = {k: key.default for k, key in TRAINER_KEYS.items()}
-    cfg.update(epochs=2, batch_size=64, log_every=4)
-    cfg.update(trainer)
-    args = {"train_size": 512, "val_size": 128} if task_args is None else task_args
-    return RunSpec(id="r", experiment="t", variant="", seed=seed, task=task, trainer=cfg,
-                   task_args=args, axes={})
 
 
 def train_lines(run_dir):

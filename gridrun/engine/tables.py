@@ -74,11 +74,11 @@ def table_cells(table: RowTable | pd.DataFrame, pm: str = " ± ",
             header += [f"Δ {esc(m)}", "p"]
     # a metric's deltas share one precision down the column (the finest its cells need)
     precision = {m: max((_decimals(r[f"{m}_mean"], r[f"{m}_std"]) for r in table.rows
-                         if not _missing(r[f"{m}_mean"])), default=2) for m in metrics}
+                         if not missing(r[f"{m}_mean"])), default=2) for m in metrics}
     rows, best = [], set()
     for i, r in enumerate(table.rows):
         cells = [*([esc(str(r["experiment"]))] if show_exp else []),
-                 *("" if _missing(r[k]) else esc(str(r[k])) for k in keys), str(r["seeds"])]
+                 *("" if missing(r[k]) else esc(str(r[k])) for k in keys), str(r["seeds"])]
         for m in metrics:
             mean, std = r[f"{m}_mean"], r[f"{m}_std"]
             d = _decimals(mean, std)
@@ -88,9 +88,9 @@ def table_cells(table: RowTable | pd.DataFrame, pm: str = " ± ",
                          else f"{_num(mean, d)}{pm}{_num(std, d)}")
             if deltas and f"{m}_delta" in table.columns:
                 delta, rel, p = r[f"{m}_delta"], r[f"{m}_delta_rel"], r[f"{m}_p"]
-                cells.append("" if _missing(delta) else esc(
-                    f"{delta:+.{precision[m]}f}" + ("" if _missing(rel) else f" ({rel:+.1%})")))
-                cells.append("" if _missing(p) else f"{p:.2g}" if p >= 0.001 else esc("<0.001"))
+                cells.append("" if missing(delta) else esc(
+                    f"{delta:+.{precision[m]}f}" + ("" if missing(rel) else f" ({rel:+.1%})")))
+                cells.append("" if missing(p) else f"{p:.2g}" if p >= 0.001 else esc("<0.001"))
         rows.append(tuple(cells))
     return Cells(tuple(header), tuple(rows), frozenset(best))
 
@@ -103,9 +103,6 @@ def _cells(table: RowTable, bold: tuple[str, str], pm: str,
     rows = [[f"{bold[0]}{text}{bold[1]}" if (i, j) in c.best else text for j, text in enumerate(row)]
             for i, row in enumerate(c.rows)]
     return list(c.header), rows
-
-
-_missing = missing
 
 
 def legend(table: RowTable | pd.DataFrame, mark: str) -> str:
