@@ -213,7 +213,7 @@ def test_clone_with_two_overrides_then_reopen_in_tmux(tmp_path):
         term.keys("Enter")
         term.wait_for("queued clone")
         term.keys("q")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # a loaded machine: as long as wait_for's
         while not rc.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert rc.read_text().strip() == "0"
@@ -232,7 +232,7 @@ def test_clone_with_two_overrides_then_reopen_in_tmux(tmp_path):
         time.sleep(1.5)  # a few refreshes later, still up
         assert term.alive() and not rc.exists()
         term.keys("q")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # a loaded machine: as long as wait_for's
         while not rc.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert rc.read_text().strip() == "0"
