@@ -44,7 +44,7 @@ def spec(task="spirals", args=None, **trainer):
     from gridrun.engine.spec import TRAINER_KEYS, RunSpec
 
     cfg = {k: key.default for k, key in TRAINER_KEYS.items()}
-    cfg.update(epochs=2, batch_size=64, log_every=4, **trainer)
+    cfg.update({"epochs": 2, "batch_size": 64, "log_every": 4, **trainer})
     args = {"train_size": 2048, "val_size": 256} if args is None else args
     return RunSpec(id="gpu", experiment="gpu", variant="", seed=0, task=task, trainer=cfg,
                    task_args=args, axes={})
@@ -176,6 +176,9 @@ def real_oom(tmp: Path) -> None:
     (tmp / "oom.toml").write_text('[defaults]\ntask = "gpu_check:hog"\nepochs = 1\nbatch_size = 64\n'
                                   'seeds = [0]\n[experiments.oom]\n[engine]\nruns_per_gpu = 1\n')
     root = tmp / "oom-root"
+    torch.cuda.empty_cache()  # this process's cached blocks would otherwise count against the run
+    free, total = torch.cuda.mem_get_info()
+    print(f"  free before the run: {free / 2**30:.1f} of {total / 2**30:.1f} GiB")
     out = gridrun("run", str(tmp / "oom.toml"), root=root, check_rc=False, timeout=600)
     from gridrun.engine.store import Store
 
@@ -187,7 +190,11 @@ def real_oom(tmp: Path) -> None:
           f"{run.config['trainer']['accumulate']} ({len(run.adjustments)} adjustment(s))")
     gridrun("engine", "stop", root=root, check_rc=False)
     if run.status != "completed":
-        print(out.stdout[-2000:], out.stderr[-2000:])
+        print(out.stdout[-1500:], out.stderr[-1500:])
+        print("  run error:", (run.error or "")[-3000:])
+        print("  adjustments:", run.adjustments)
+        log = root / "engine.log"
+        print("  engine.log tail:", log.read_text()[-3000:] if log.exists() else "(none)")
 
 
 SLOW = """[defaults]
