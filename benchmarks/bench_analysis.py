@@ -52,9 +52,9 @@ SMALL = "small"
 
 
 def generate(root: Path, runs: int, lines: int) -> None:
-    from gridrun.engine import layout
-    from gridrun.engine.spec import TRAINER_KEYS, RunSpec, run_id, write_run_config
-    from gridrun.engine.store import Store
+    from gridrun.runs import layout
+    from gridrun.runs.store import Store
+    from gridrun.spec import TRAINER_KEYS, RunSpec, run_id, write_run_config
 
     per_exp = runs // EXPERIMENTS
     cells = [(lr, hidden, seed) for seed in range(5) for hidden in HIDDENS for lr in LRS]
@@ -125,7 +125,7 @@ def cli_phase(root: Path, args: list[str], repeat: int) -> dict:
 
 def screen_phase(root: Path, repeat: int) -> dict:
     """What the compare screen pays each 2 s: `StoreSource.compare(small)`."""
-    from gridrun.engine.store import Store
+    from gridrun.runs.store import Store
     from gridrun.tui.store_source import StoreSource
 
     src = StoreSource(root)
@@ -162,7 +162,9 @@ def screen_phase(root: Path, repeat: int) -> dict:
 def phase(name: str, root: Path, out: Path, repeat: int = 3) -> dict:
     import pandas as pd
 
-    from gridrun.engine import analysis, export, frames, layout
+    from gridrun.analysis import ablation as analysis
+    from gridrun.analysis import export, frames
+    from gridrun.runs import layout
 
     analysis.ablation_table  # noqa: B018 - imports done before the baseline RSS
     import scipy.stats  # noqa: F401
@@ -196,7 +198,7 @@ def phase(name: str, root: Path, out: Path, repeat: int = 3) -> dict:
         exp = "exp0" if name == "export_exp0" else None
         result = {"rows": export.export_metrics(root, out, experiment=exp, force=True)}
     elif name == "naive_exp0":
-        from gridrun.engine.runlog import read_all
+        from gridrun.runs.runlog import read_all
 
         rows = []
         for folder in sorted((root / "exp0").iterdir()):

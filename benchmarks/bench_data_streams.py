@@ -23,8 +23,8 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
-from gridrun.engine.data import start_epoch, train_loader
-from gridrun.engine.tasks import resolve
+from gridrun.tasks import resolve
+from gridrun.train.data import start_epoch, train_loader
 
 CASES = {
     # name: (task, task args, batch size)

@@ -45,8 +45,8 @@ import json, sys, tempfile
 import torch
 torch.set_num_threads(1)
 from gridrun.engine import layout, runlog
-from gridrun.engine.spec import TRAINER_KEYS, RunSpec
-from gridrun.engine.trainer import train
+from gridrun.spec import TRAINER_KEYS, RunSpec
+from gridrun.train.trainer import train
 task, args, trainer = json.loads(sys.argv[1])
 cfg = {k: key.default for k, key in TRAINER_KEYS.items()}
 cfg.update(epochs=1, lr=1e-3, warmup=0, schedule="constant", log_every=16, **trainer)
@@ -81,8 +81,8 @@ def micro(log_every: int = 16) -> None:
 
     import torch
 
-    from gridrun.engine.diagnostics import Diagnostics
-    from gridrun.engine.tasks import resolve
+    from gridrun.tasks import resolve
+    from gridrun.train.diagnostics import Diagnostics
 
     torch.set_num_threads(1)
     task = resolve("spirals")(hidden=256, train_size=4096, val_size=64)

@@ -28,12 +28,13 @@ TESTS = str(Path(__file__).resolve().parents[1] / "tests")  # helper_tasks, for 
 sys.path.insert(0, TESTS)
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
 
-from gridrun.engine import daemon, layout, runlog  # noqa: E402
+from gridrun.engine import daemon  # noqa: E402
 from gridrun.engine.backends.base import Slot  # noqa: E402
 from gridrun.engine.backends.local import LocalBackend  # noqa: E402
 from gridrun.engine.scheduler import Engine  # noqa: E402
-from gridrun.engine.spec import TRAINER_KEYS, RunSpec, run_id  # noqa: E402
-from gridrun.engine.store import Store  # noqa: E402
+from gridrun.runs import layout, runlog  # noqa: E402
+from gridrun.runs.store import Store  # noqa: E402
+from gridrun.spec import TRAINER_KEYS, RunSpec, run_id  # noqa: E402
 
 TINY = {"train_size": 64, "val_size": 32, "hidden": 8, "depth": 1}
 

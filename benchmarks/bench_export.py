@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ONE = """
 import json, sys, time
-from gridrun.engine.deploy import export_model, load_run
+from gridrun.deploy.model import export_model, load_run
 run = load_run(sys.argv[1], root=sys.argv[2])
 t = time.perf_counter()
 report = export_model(run, fmt=sys.argv[3], out=sys.argv[4])

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gridrun.engine import layout, outputlog
+from gridrun.runs import layout, outputlog
 
 PRINTER = """
 import sys, time
@@ -55,8 +55,8 @@ def printing(tmp: Path, n: int, through_keeper: bool) -> tuple[float, int]:
 
 
 def logs_rss(tmp: Path, size_mb: int) -> tuple[int, int]:
-    from gridrun.engine.spec import RunSpec
-    from gridrun.engine.store import Store
+    from gridrun.runs.store import Store
+    from gridrun.spec import RunSpec
 
     root = tmp / "runs"
     spec = RunSpec("abcdef0123", "e", "", 0, "spirals", {"epochs": 1}, {}, {})

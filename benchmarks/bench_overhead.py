@@ -19,10 +19,10 @@ import time
 
 import torch
 
-from gridrun.engine import layout, runlog
-from gridrun.engine.spec import TRAINER_KEYS, RunSpec
-from gridrun.engine.tasks import resolve
-from gridrun.engine.trainer import train
+from gridrun.runs import layout, runlog
+from gridrun.spec import TRAINER_KEYS, RunSpec
+from gridrun.tasks import resolve
+from gridrun.train.trainer import train
 
 CASES = {
     "spirals": ({"hidden": 256, "train_size": 8192, "val_size": 256}, {"batch_size": 128}),

@@ -38,9 +38,9 @@ def tiny_runs(n: int):
 
 
 def drive(backend, root: Path, runs, slots: int) -> dict:
-    from gridrun.engine import layout
     from gridrun.engine.backends.base import Slot
-    from gridrun.engine.spec import write_run_config
+    from gridrun.runs import layout
+    from gridrun.spec import write_run_config
 
     pending, launched, results = list(runs), {}, []
     free = [Slot(f"s{i}") for i in range(slots)]

@@ -30,14 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from test_engine_kit import TINY, make_run
 
-from gridrun.engine import layout, runlog
 from gridrun.engine.backends import slurm_job
 from gridrun.engine.backends.base import Slot
 from gridrun.engine.backends.local import LocalBackend
 from gridrun.engine.backends.registry import make_backend, slots_for_backend
 from gridrun.engine.scheduler import Engine
-from gridrun.engine.spec import EngineConfig
-from gridrun.engine.store import Store
+from gridrun.runs import layout, runlog
+from gridrun.runs.store import Store
+from gridrun.spec import EngineConfig
 
 
 def first_step(run_dir: Path) -> float:

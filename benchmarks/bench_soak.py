@@ -32,9 +32,10 @@ from pathlib import Path
 
 import psutil
 
-from gridrun.engine import daemon, layout, runlog, states
-from gridrun.engine.spec import TRAINER_KEYS, RunSpec, run_id
-from gridrun.engine.store import Store
+from gridrun.engine import daemon
+from gridrun.runs import layout, runlog, states
+from gridrun.runs.store import Store
+from gridrun.spec import TRAINER_KEYS, RunSpec, run_id
 
 TINY = {"train_size": 64, "val_size": 32, "hidden": 8, "depth": 1}
 
@@ -86,7 +87,7 @@ def main() -> None:
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="soak-"))
     runs = [tiny_run(s) for s in range(args.runs)]
-    from gridrun.engine.spec import EngineConfig
+    from gridrun.spec import EngineConfig
 
     with Store(root) as store:
         store.enqueue(runs)

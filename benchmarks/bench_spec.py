@@ -20,7 +20,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from gridrun.engine.spec import load_runs
+from gridrun.spec import load_runs
 
 # 25 lr x 20 hidden x 5 depth x 4 seeds = 10,000 runs
 MATRIX = """

@@ -45,7 +45,7 @@ seeds = [0]
 HAND = r"""
 import math, sys, torch
 from torch.nn import functional as F
-from gridrun.engine.tasks.spirals import spirals
+from gridrun.tasks.spirals import spirals
 
 torch.manual_seed(0)
 task = spirals(hidden=64, train_size=2048, val_size=512)

@@ -34,16 +34,16 @@ def main() -> None:
     t0 = time.perf_counter()
     import torch
 
-    from gridrun.engine.spec import load_runs
-    from gridrun.engine.taskcheck import check_runs
-    from gridrun.engine.tasks import resolve
+    from gridrun.checks.taskcheck import check_runs
+    from gridrun.spec import load_runs
+    from gridrun.tasks import resolve
     imports = time.perf_counter() - t0
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"# {platform.node()} {platform.processor() or platform.machine()} {os.cpu_count()} cores, "
           f"Python {sys.version.split()[0]}, torch {torch.__version__} ({torch.get_num_threads()} "
           f"threads), load average {os.getloadavg()[0]:.1f}")
-    print(f"import torch + gridrun.engine.taskcheck: {imports:.2f} s (once per command)")
+    print(f"import torch + gridrun.checks.taskcheck: {imports:.2f} s (once per command)")
 
     files = {"experiments.toml": ROOT / "experiments.toml"}
     tmp = Path(tempfile.mkdtemp())

@@ -88,9 +88,9 @@ def ms(values: list[float]) -> str:
 
 
 def make_store(root: Path, n: int, log_runs: int, points: int) -> list[str]:
-    from gridrun.engine import layout
-    from gridrun.engine.spec import RunSpec, run_id
-    from gridrun.engine.store import Store
+    from gridrun.runs import layout
+    from gridrun.runs.store import Store
+    from gridrun.spec import RunSpec, run_id
 
     specs = []
     for i in range(n):
@@ -253,8 +253,8 @@ async def bench_table(n: int) -> None:
 
 
 def bench_bridge(root: Path, running: list[str], points: int) -> None:
-    from gridrun.engine import layout
-    from gridrun.engine.store import Store
+    from gridrun.runs import layout
+    from gridrun.runs.store import Store
     from gridrun.tui.bridge import Bridge
     from gridrun.tui.store_source import StoreSource
 

@@ -41,7 +41,7 @@ def check(ok: bool, what: str) -> None:
 
 
 def spec(task="spirals", args=None, **trainer):
-    from gridrun.engine.spec import TRAINER_KEYS, RunSpec
+    from gridrun.spec import TRAINER_KEYS, RunSpec
 
     cfg = {k: key.default for k, key in TRAINER_KEYS.items()}
     cfg.update({"epochs": 2, "batch_size": 64, "log_every": 4, **trainer})
@@ -51,14 +51,14 @@ def spec(task="spirals", args=None, **trainer):
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    from gridrun.engine import layout, records, runlog
+    from gridrun.runs import layout, records, runlog
 
     return [{k: v for k, v in r.items() if k not in records.TIMING}
             for r in runlog.read_all(run_dir / layout.METRICS)]
 
 
 def repeat_and_resume(tmp: Path) -> None:
-    from gridrun.engine.trainer import train
+    from gridrun.train.trainer import train
 
     print("1. bitwise repeat and exact mid-epoch resume, deterministic = true")
     for precision in ("fp32", "bf16", "fp16"):
@@ -78,8 +78,8 @@ def repeat_and_resume(tmp: Path) -> None:
 
 
 def step_times() -> None:
-    from gridrun.engine.tasks import resolve
-    from gridrun.engine.trainer import train
+    from gridrun.tasks import resolve
+    from gridrun.train.trainer import train
 
     print("2. time per step: bare loop, .item() per step, gridrun's trainer (spirals, hidden 1024)")
     args, batch = {"hidden": 1024, "train_size": 65536, "val_size": 256}, 256
@@ -106,7 +106,7 @@ def step_times() -> None:
         return (time.perf_counter() - start) / steps
 
     def trainer() -> float:
-        from gridrun.engine import layout, runlog
+        from gridrun.runs import layout, runlog
 
         with tempfile.TemporaryDirectory() as d:
             train(spec("spirals", args, epochs=1, batch_size=batch, log_every=32, precision="fp32",
@@ -127,8 +127,8 @@ def step_times() -> None:
 
 
 def diagnostics_on_cuda(tmp: Path) -> None:
-    from gridrun.engine import records, runlog
-    from gridrun.engine.trainer import train
+    from gridrun.runs import records, runlog
+    from gridrun.train.trainer import train
 
     print("3. diagnostics on CUDA, and checkpoint_modules")
     s = train(spec(clip_grad=1.0), tmp / "diag", log=lambda s: None)
@@ -150,7 +150,7 @@ def diagnostics_on_cuda(tmp: Path) -> None:
 def hog(batch_fraction: float = 0.6, train_size: int = 512):
     """A task for the OOM check: each micro-batch of 64 samples or more allocates
     `batch_fraction` x (batch/32) of the card, so 64 overflows it and 32 fits."""
-    from gridrun.engine.tasks.spirals import spirals
+    from gridrun.tasks.spirals import spirals
 
     task = spirals(train_size=train_size, val_size=64)
     inner = task.loss
@@ -180,7 +180,7 @@ def real_oom(tmp: Path) -> None:
     free, total = torch.cuda.mem_get_info()
     print(f"  free before the run: {free / 2**30:.1f} of {total / 2**30:.1f} GiB")
     out = gridrun("run", str(tmp / "oom.toml"), root=root, check_rc=False, timeout=600)
-    from gridrun.engine.store import Store
+    from gridrun.runs.store import Store
 
     with Store(root) as store:
         run = store.list_runs()[0]
@@ -210,8 +210,8 @@ runs_per_gpu = 2
 
 
 def telemetry_and_tmux(tmp: Path, tmux: bool) -> None:
-    from gridrun.engine.store import Store
     from gridrun.engine.telemetry import Telemetry
+    from gridrun.runs.store import Store
 
     print("5. telemetry names the run's process on its GPU; 6. the interface's GPU panel")
     (tmp / "two.toml").write_text(SLOW)

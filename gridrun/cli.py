@@ -24,7 +24,7 @@ for module in (tui, plan, train, engine, remove, analysis, doctor, verify, deplo
 
 
 def main() -> None:
-    from gridrun.engine.layout import private_umask
+    from gridrun.runs.layout import private_umask
 
     private_umask()
     app()

@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset, TensorDataset
 
-from gridrun.engine.tasks import Task
+from gridrun import Task
 
 
 def _data(n: int = 64, seed: int = 0) -> TensorDataset:

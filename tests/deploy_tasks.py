@@ -7,7 +7,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
-from gridrun.engine.tasks import Task
+from gridrun import Task
 
 
 class Branchy(nn.Module):

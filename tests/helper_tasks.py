@@ -10,8 +10,8 @@ import time
 import torch
 from torch.nn import functional as F
 
-from gridrun.engine.tasks import Task
-from gridrun.engine.tasks.spirals import spirals
+from gridrun import Task
+from gridrun.tasks.spirals import spirals
 
 
 def slow_spirals(step_sleep: float = 0.05, **kwargs) -> Task:
@@ -21,7 +21,7 @@ def slow_spirals(step_sleep: float = 0.05, **kwargs) -> Task:
 
 def slow(inner_task: str = "spirals", step_sleep: float = 0.05, **kwargs) -> Task:
     """Any built-in task, sleeping on every training batch."""
-    from gridrun.engine.tasks import resolve
+    from gridrun.tasks import resolve
 
     task = resolve(inner_task)(**kwargs)
     inner = task.loss

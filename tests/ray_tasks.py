@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from gridrun.engine.tasks import Task
-from gridrun.engine.tasks.spirals import spirals
+from gridrun import Task
+from gridrun.tasks.spirals import spirals
 
 
 def probe(step_sleep: float = 0.0, **kwargs) -> Task:

@@ -10,12 +10,13 @@ import statistics
 import pytest
 from scipy import stats
 
-from gridrun.engine import analysis, layout, records
-from gridrun.engine.analysis import ablation_table
-from gridrun.engine.frames import runs_frame
-from gridrun.engine.runlog import MetricsWriter
-from gridrun.engine.spec import TRAINER_KEYS, RunSpec, run_id, write_run_config
-from gridrun.engine.tables import format_table
+from gridrun.analysis import ablation as analysis
+from gridrun.analysis.ablation import ablation_table
+from gridrun.analysis.frames import runs_frame
+from gridrun.analysis.tables import format_table
+from gridrun.runs import layout, records
+from gridrun.runs.runlog import MetricsWriter
+from gridrun.spec import TRAINER_KEYS, RunSpec, run_id, write_run_config
 
 DIRS = {"loss": "lower", "accuracy": "higher"}
 

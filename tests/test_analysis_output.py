@@ -7,11 +7,12 @@ import pytest
 from test_analysis import build_abl, build_grid, make_run
 from typer.testing import CliRunner
 
+from gridrun.analysis import ablation as analysis
+from gridrun.analysis import export, tables
+from gridrun.analysis.ablation import ablation_table
+from gridrun.analysis.frames import runs_frame
+from gridrun.analysis.tables import format_table
 from gridrun.cli import app
-from gridrun.engine import analysis, export, tables
-from gridrun.engine.analysis import ablation_table
-from gridrun.engine.frames import runs_frame
-from gridrun.engine.tables import format_table
 
 runner = CliRunner()
 

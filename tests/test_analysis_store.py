@@ -12,10 +12,12 @@ from scipy import stats
 from test_analysis import build_abl, build_grid, make_run
 from typer.testing import CliRunner
 
+from gridrun.analysis import ablation as analysis
+from gridrun.analysis import frames, tables
 from gridrun.cli import app
-from gridrun.engine import analysis, frames, layout, runlog, tables
-from gridrun.engine.spec import read_run_config
-from gridrun.engine.store import Store
+from gridrun.runs import layout, runlog
+from gridrun.runs.store import Store
+from gridrun.spec import read_run_config
 from gridrun.tui.store_source import StoreSource, named
 
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 from test_engine_kit import make_run, prepare, slow_run, wait_exit, wait_for
 
-from gridrun.engine import layout, states
 from gridrun.engine.backends.base import EXIT_ALREADY_RUNNING, Slot
 from gridrun.engine.backends.local import LocalBackend
+from gridrun.runs import layout, states
 
 # name -> factory(log_path) of a backend; the Ray backend adds itself here.
 BACKENDS = {
@@ -26,7 +26,7 @@ BACKENDS = {
 
 def env_probe(**kwargs):
     """A task that prints the CUDA_VISIBLE_DEVICES its process saw (into output.log)."""
-    from gridrun.engine.tasks.spirals import spirals
+    from gridrun.tasks.spirals import spirals
 
     print(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}", flush=True)
     return spirals(**kwargs)

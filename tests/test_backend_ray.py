@@ -19,12 +19,12 @@ from test_engine_kit import (
     wait_for,
 )
 
-from gridrun.engine import layout, states
 from gridrun.engine.backends.base import Slot
 from gridrun.engine.backends.registry import BackendError, make_backend, slots_for_backend
 from gridrun.engine.scheduler import Engine
-from gridrun.engine.spec import EngineConfig
-from gridrun.engine.store import Store
+from gridrun.runs import layout, states
+from gridrun.runs.store import Store
+from gridrun.spec import EngineConfig
 
 
 def probe_run(seed: int = 0, sleep: float = 0.0, epochs: int = 2, **trainer):
@@ -35,7 +35,7 @@ def probe_run(seed: int = 0, sleep: float = 0.0, epochs: int = 2, **trainer):
 def test_choosing_ray_without_ray_names_the_extra(tmp_path):
     code = ("import sys; sys.modules['ray'] = None\n"
             "from gridrun.engine.backends.registry import make_backend\n"
-            "from gridrun.engine.spec import EngineConfig\n"
+            "from gridrun.spec import EngineConfig\n"
             "make_backend(EngineConfig(backend='ray'), '.')\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode != 0 and "pip install 'gridrun[ray]'" in proc.stderr
@@ -48,7 +48,7 @@ def test_a_broken_ray_install_is_a_clear_error(tmp_path):
     fake.mkdir()
     (fake / "__init__.py").write_text("raise ImportError('libray.so: cannot open shared object')\n")
     code = ("from gridrun.engine.backends.registry import BackendError, make_backend\n"
-            "from gridrun.engine.spec import EngineConfig\n"
+            "from gridrun.spec import EngineConfig\n"
             "try:\n    make_backend(EngineConfig(backend='ray'), '.')\n"
             "except BackendError as e:\n    print(e)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,

@@ -18,15 +18,16 @@ from pathlib import Path
 import pytest
 from test_engine_kit import TINY, make_run, metrics_without_timing, wait_for
 
-from gridrun.engine import daemon, layout, states
+from gridrun.engine import daemon
 from gridrun.engine.backends import slurm_job
 from gridrun.engine.backends.base import Slot
 from gridrun.engine.backends.local import LocalBackend
 from gridrun.engine.backends.registry import make_backend, slots_for_backend
 from gridrun.engine.backends.slots import slots_for
 from gridrun.engine.scheduler import Engine
-from gridrun.engine.spec import EngineConfig, SpecError, load_engine_config
-from gridrun.engine.store import Store
+from gridrun.runs import layout, states
+from gridrun.runs.store import Store
+from gridrun.spec import EngineConfig, SpecError, load_engine_config
 
 GRIDRUN = [sys.executable, "-m", "gridrun"]
 EXAMPLE = Path(__file__).resolve().parents[1] / "experiments.toml"
@@ -106,7 +107,7 @@ def squeue(job_id: str) -> str:
 def test_without_submitit_the_extra_is_named(tmp_path):
     code = ("import sys; sys.modules['submitit'] = None\n"
             "from gridrun.engine.backends.registry import BackendError, make_backend\n"
-            "from gridrun.engine.spec import EngineConfig\n"
+            "from gridrun.spec import EngineConfig\n"
             "try:\n    make_backend(EngineConfig(backend='slurm'), '.')\n"
             "except BackendError as e:\n    print(e)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
@@ -189,7 +190,7 @@ def test_the_example_file_on_slurm_gives_the_local_metrics(cluster, tmp_path):
     when this was written): every run completes in a SLURM job, and a sample of them
     (the first and last cell of each experiment) is bit for bit what the local
     backend gives."""
-    from gridrun.engine.spec import load_runs
+    from gridrun.spec import load_runs
 
     head, engine = EXAMPLE.read_text().split("[engine]")
     assert "\nepochs = 6 " in head
@@ -229,7 +230,7 @@ def test_a_root_the_nodes_cannot_see_stops_the_start(cluster, tmp_path):
     root = tmp_path / "root"
     root.mkdir(mode=0o700)
     code = ("from gridrun.engine.backends.registry import make_backend\n"
-            "from gridrun.engine.spec import EngineConfig\n"
+            "from gridrun.spec import EngineConfig\n"
             f"backend = make_backend(EngineConfig(backend='slurm'), {str(root)!r})\n"
             "try:\n    backend.start()\nexcept RuntimeError as e:\n    print(e)\n")
     proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",

@@ -12,8 +12,9 @@ import pytest
 import torch
 from test_resume import assert_same_end, make_run, start_worker, wait_for_checkpoint
 
-from gridrun.engine import checkpoint, layout, states
-from gridrun.engine.trainer import train
+from gridrun.runs import layout, states
+from gridrun.train import checkpoint
+from gridrun.train.trainer import train
 
 TASK = {"step_sleep": 0.03, "train_size": 512, "val_size": 128}
 TRAINER = {"checkpoint_every": 3}
@@ -106,8 +107,8 @@ def test_retry_fresh_from_the_cli(tmp_path):
     from typer.testing import CliRunner
 
     from gridrun.cli import app
-    from gridrun.engine.spec import load_runs
-    from gridrun.engine.store import Store
+    from gridrun.runs.store import Store
+    from gridrun.spec import load_runs
 
     file = tmp_path / "e.toml"
     file.write_text('[experiments.a]\ntask = "spirals"\nepochs = 1\n')
@@ -128,8 +129,8 @@ def test_retry_fresh_from_the_cli(tmp_path):
 
 def test_a_plain_retry_keeps_a_pending_fresh_start(tmp_path):
     """retry --fresh, cancel before it launched, retry: it still starts over."""
-    from gridrun.engine.spec import load_runs
-    from gridrun.engine.store import Store
+    from gridrun.runs.store import Store
+    from gridrun.spec import load_runs
 
     file = tmp_path / "e.toml"
     file.write_text('[experiments.a]\ntask = "spirals"\nepochs = 1\n')

@@ -11,9 +11,10 @@ from test_analysis import make_run
 from test_engine_kit import make_run as make_spec
 from typer.testing import CliRunner
 
+from gridrun.analysis import export
 from gridrun.cli import app
-from gridrun.engine import export, states
-from gridrun.engine.store import Store
+from gridrun.runs import states
+from gridrun.runs.store import Store
 
 
 def gridrun(*args):

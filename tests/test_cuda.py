@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from gridrun.engine import checkpoint, layout, records, runlog, states
-from gridrun.engine.spec import TRAINER_KEYS, RunSpec
-from gridrun.engine.trainer import train
+from gridrun.runs import layout, records, runlog, states
+from gridrun.spec import TRAINER_KEYS, RunSpec
+from gridrun.train import checkpoint
+from gridrun.train.trainer import train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 TIMING = records.TIMING  # what differs between identical replays

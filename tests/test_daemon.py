@@ -22,8 +22,9 @@ from test_engine_kit import (
     wait_for,
 )
 
-from gridrun.engine import daemon, layout, states
-from gridrun.engine.store import Store
+from gridrun.engine import daemon
+from gridrun.runs import layout, states
+from gridrun.runs.store import Store
 
 
 @pytest.fixture

@@ -18,8 +18,9 @@ from test_resume import (
     wait_for_checkpoint,
 )
 
-from gridrun.engine import checkpoint, layout, states
-from gridrun.engine.trainer import train
+from gridrun.runs import layout, states
+from gridrun.train import checkpoint
+from gridrun.train.trainer import train
 
 TASK_ARGS = {"inner_task": "helper_tasks:augmented", "step_sleep": 0.0, "train_size": 256,
              "val_size": 64}
@@ -51,7 +52,7 @@ def test_augmentation_differs_between_epochs_and_seeds(tmp_path):
     """The streams are per batch, not one fixed view: epochs and seeds see other draws."""
     from helper_tasks import augmented
 
-    from gridrun.engine.data import start_epoch, train_loader
+    from gridrun.train.data import start_epoch, train_loader
 
     cfg = {"batch_size": 16, "num_workers": 0, "pin_memory": False, "prefetch_factor": 2,
            "persistent_workers": False}
@@ -78,7 +79,7 @@ def test_fetching_a_batch_leaves_the_main_stream_alone():
     import numpy as np
     from helper_tasks import augmented
 
-    from gridrun.engine.data import start_epoch, train_loader
+    from gridrun.train.data import start_epoch, train_loader
 
     cfg = {"batch_size": 16, "num_workers": 0, "pin_memory": False, "prefetch_factor": 2,
            "persistent_workers": False}
@@ -126,7 +127,7 @@ def test_engine_stop_mid_epoch_with_workers_resumes_exactly(tmp_path):
     from test_engine_kit import metrics_without_timing as engine_metrics
 
     from gridrun.engine import daemon
-    from gridrun.engine.store import Store
+    from gridrun.runs.store import Store
 
     args = {**TASK_ARGS, "train_size": 512, "step_sleep": 0.03}
     trainer = {"epochs": 2, "batch_size": 16, "checkpoint_every": 5, "num_workers": 2}

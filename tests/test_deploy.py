@@ -13,12 +13,13 @@ import pytest
 from typer.testing import CliRunner
 
 import gridrun
+from gridrun.checks.verify import same
 from gridrun.cli import app
-from gridrun.engine import checkpoint, layout, states, worker
-from gridrun.engine.deploy import DeployError, export_model
-from gridrun.engine.spec import TRAINER_KEYS, RunSpec, write_run_config
-from gridrun.engine.trainer import train
-from gridrun.engine.verify import same
+from gridrun.deploy.model import DeployError, export_model
+from gridrun.runs import layout, states
+from gridrun.spec import TRAINER_KEYS, RunSpec, write_run_config
+from gridrun.train import checkpoint, worker
+from gridrun.train.trainer import train
 
 TINY = {
     "spirals": {"train_size": 256, "val_size": 300},  # two validation batches
@@ -176,8 +177,8 @@ def test_tolerances_can_be_tightened(root, tmp_path):
 
 
 def test_load_run_finds_a_run_by_id_through_the_store(root, tmp_path, monkeypatch):
-    from gridrun.engine.spec import read_run_config
-    from gridrun.engine.store import Store
+    from gridrun.runs.store import Store
+    from gridrun.spec import read_run_config
 
     spec = read_run_config(folder_of(root, "spirals") / layout.CONFIG)
     with Store(root) as store:

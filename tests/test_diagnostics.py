@@ -12,9 +12,10 @@ import pytest
 import torch
 from test_trainer import QUIET, spec
 
-from gridrun.engine import layout, progress, records, runlog, states, worker
-from gridrun.engine.spec import TRAINER_KEYS, write_run_config
-from gridrun.engine.trainer import train
+from gridrun.runs import layout, progress, records, runlog, states
+from gridrun.spec import TRAINER_KEYS, write_run_config
+from gridrun.train import worker
+from gridrun.train.trainer import train
 
 
 def train_lines(run_dir):
@@ -184,7 +185,7 @@ def test_checkpoint_modules_lowers_peak_memory_on_cuda(tmp_path):
 
 
 def test_compile_mode_is_in_the_run_id_only_when_compiling():
-    from gridrun.engine.spec.model import run_id
+    from gridrun.spec.model import run_id
 
     cfg = {k: key.default for k, key in TRAINER_KEYS.items()}
 
@@ -201,7 +202,7 @@ def test_compile_mode_is_in_the_run_id_only_when_compiling():
 
 def test_determinism_without_compile_sets_the_eager_flag_without_importing_inductor():
     code = ("import sys, torch\n"
-            "from gridrun.engine.seeding import set_determinism\n"
+            "from gridrun.train.seeding import set_determinism\n"
             "set_determinism(True)\n"
             "assert torch.are_deterministic_algorithms_enabled()\n"
             "assert not torch.is_deterministic_algorithms_warn_only_enabled()\n"

@@ -17,10 +17,12 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
+from gridrun.checks import doctor
 from gridrun.cli import app
-from gridrun.engine import daemon, doctor, states
+from gridrun.engine import daemon
 from gridrun.engine.backends.child import process_start_time
-from gridrun.engine.store import Store, StoreDamaged
+from gridrun.runs import states
+from gridrun.runs.store import Store, StoreDamaged
 
 TINY = """
 [defaults]
@@ -127,7 +129,7 @@ def test_a_torn_page_is_damage_too(tmp_path, file):
 
 HOLDER = """
 import sys
-from gridrun.engine.store import Store
+from gridrun.runs.store import Store
 store = Store(sys.argv[1])
 ids = [r.id for r in store.list_runs()]
 store.set_priority(ids, 5)

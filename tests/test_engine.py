@@ -16,10 +16,10 @@ from test_engine_kit import (
     wait_for,
 )
 
-from gridrun.engine import layout, states
 from gridrun.engine.backends.slots import slots_for
-from gridrun.engine.spec import EngineConfig, read_run_config
-from gridrun.engine.store import Store
+from gridrun.runs import layout, states
+from gridrun.runs.store import Store
+from gridrun.spec import EngineConfig, read_run_config
 
 
 def test_slots_from_the_engine_config():

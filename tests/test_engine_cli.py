@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 
 from gridrun.cli import app
 from gridrun.commands.engine import provenance
-from gridrun.engine import daemon, states
-from gridrun.engine.store import Store
+from gridrun.engine import daemon
+from gridrun.runs import states
+from gridrun.runs.store import Store
 
 TINY = """
 [defaults]

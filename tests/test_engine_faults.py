@@ -19,9 +19,10 @@ from test_engine_kit import drain, engine_for, kill_quietly, make_run, prepare, 
 from typer.testing import CliRunner
 
 from gridrun.cli import app
-from gridrun.engine import daemon, layout, states
-from gridrun.engine.spec import SpecError, load_runs
-from gridrun.engine.store import Store
+from gridrun.engine import daemon
+from gridrun.runs import layout, states
+from gridrun.runs.store import Store
+from gridrun.spec import SpecError, load_runs
 
 FIXTURES = Path(__file__).parent / "spec_fixtures"
 
@@ -112,7 +113,7 @@ def test_a_symlinked_experiment_folder_is_refused_and_nothing_is_written_through
 
 
 def test_a_config_swapped_for_a_symlink_is_refused_by_the_worker(tmp_path, capsys):
-    from gridrun.engine import worker
+    from gridrun.train import worker
 
     run = make_run(seed=0, epochs=1)
     run_dir = prepare(tmp_path, run)

@@ -13,8 +13,8 @@ import signal
 import time
 from pathlib import Path
 
-from gridrun.engine import layout, records, runlog, states
-from gridrun.engine.spec import TRAINER_KEYS, RunSpec, run_id, write_run_config
+from gridrun.runs import layout, records, runlog, states
+from gridrun.spec import TRAINER_KEYS, RunSpec, run_id, write_run_config
 
 TIMING_KEYS = records.TIMING
 TINY = {"train_size": 256, "val_size": 64, "hidden": 16, "depth": 1}

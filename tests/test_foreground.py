@@ -17,9 +17,10 @@ from test_engine_kit import engine_for, kill_quietly, slow_run, wait_for
 from typer.testing import CliRunner
 
 from gridrun.cli import app
-from gridrun.engine import daemon, layout, states
+from gridrun.engine import daemon
 from gridrun.engine.backends import child
-from gridrun.engine.store import FOREGROUND, Store
+from gridrun.runs import layout, states
+from gridrun.runs.store import FOREGROUND, Store
 
 SLOW = """
 [experiments.fg]

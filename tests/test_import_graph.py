@@ -1,20 +1,28 @@
-"""The engine's modules import one another without a cycle, lazy imports included
-(a cycle broken by an import inside a function is still a cycle), and nothing in
-the backends points back up at the scheduler."""
+"""gridrun's modules import one another without a cycle, lazy imports included
+(a cycle broken by an import inside a function is still a cycle); the packages
+form one stack, each importing only those below it; training code never
+imports the store; nothing in the backends points back up at the scheduler."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-import gridrun.engine
+import gridrun
 
-ENGINE = Path(gridrun.engine.__file__).parent
+GRIDRUN = Path(gridrun.__file__).parent
+ENGINE = GRIDRUN  # the walker's root: every module of the gridrun package
 PACKAGE = "gridrun.engine"
+
+# The stack, bottom first: a package may import only the packages before it.
+# `analysis` and `deploy` sit beside the engine: they never import it.
+LAYERS = ["tasks", "spec", "runs", "train", "engine", "analysis", "deploy", "checks", "tui",
+          "commands", "cli", "__main__"]
+SIDE_BY_SIDE = {("analysis", "engine"), ("deploy", "engine"), ("deploy", "analysis")}
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(ENGINE.parent.parent).with_suffix("").parts
+    parts = path.relative_to(GRIDRUN.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -56,9 +64,14 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
 
 
 def graph() -> dict[str, set[str]]:
+    """Module -> the gridrun modules it imports. `gridrun` itself (the public face,
+    which reaches down lazily) is left out: importing it for `__version__` or
+    `Task` costs only `gridrun.tasks`, the bottom of the stack."""
     files = sorted(ENGINE.rglob("*.py"))
     modules = {module_name(f) for f in files}
-    return {module_name(f): imports_of(f, modules) for f in files}
+    edges = {module_name(f): imports_of(f, modules) - {"gridrun"} for f in files}
+    edges.pop("gridrun", None)
+    return edges
 
 
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -85,13 +98,45 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_walker_sees_lazy_and_relative_imports(tmp_path):
     edges = graph()
-    assert "gridrun.engine.spec.keys" in edges["gridrun.engine.spec.validate"]
-    assert "gridrun.engine.tasks" in edges["gridrun.engine.spec.derive"]  # inside a function
+    assert "gridrun.spec.keys" in edges["gridrun.spec.validate"]
+    assert "gridrun.tasks" in edges["gridrun.spec.derive"]  # inside a function
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_the_engine_has_no_import_cycle():
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_package_is_in_the_stack():
+    found = {p.name for p in GRIDRUN.iterdir() if (p / "__init__.py").exists()}
+    found |= {p.stem for p in GRIDRUN.glob("*.py") if p.stem != "__init__"}
+    assert found == set(LAYERS), found ^ set(LAYERS)
+
+
+def test_no_package_imports_one_above_it():
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    up = []
+    for module, targets in graph().items():
+        here = package_of(module)
+        for target in targets:
+            there = package_of(target)
+            if not there or not here or there == here:
+                continue  # gridrun/__init__.py (the public face) imports lazily from below
+            if rank[there] > rank[here] or (here, there) in SIDE_BY_SIDE:
+                up.append(f"{module} -> {target}")
+    assert not up, "imports up the stack:\n" + "\n".join(sorted(up))
+
+
+def test_training_code_never_imports_the_store():
+    edges = graph()
+    bad = sorted(f"{m} -> {t}" for m, ts in edges.items() if m.startswith("gridrun.train")
+                 for t in ts if t in ("gridrun.runs.store", "gridrun.runs.store_rows"))
+    assert not bad, bad
+
+
+def test_gridrun_has_no_import_cycle():
     cycle = find_cycle(graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -105,8 +150,8 @@ def test_backends_never_import_the_scheduler():
 
 def test_the_spec_package_imports_nothing_above_it_but_tasks():
     edges = graph()
-    spec = {m: ts for m, ts in edges.items() if m.startswith(f"{PACKAGE}.spec")}
-    assert set(spec) >= {f"{PACKAGE}.spec.{n}" for n in
+    spec = {m: ts for m, ts in edges.items() if m.startswith("gridrun.spec")}
+    assert set(spec) >= {f"gridrun.spec.{n}" for n in
                          ("keys", "errors", "model", "validate", "expand", "load", "derive")}
-    outside = {t for ts in spec.values() for t in ts if not t.startswith(f"{PACKAGE}.spec")}
-    assert outside <= {f"{PACKAGE}.tasks"}, outside
+    outside = {t for ts in spec.values() for t in ts if not t.startswith("gridrun.spec")}
+    assert outside <= {"gridrun.tasks"}, outside

@@ -13,18 +13,18 @@ from test_engine_kit import make_run, prepare, wait_exit
 from typer.testing import CliRunner
 
 from gridrun.cli import app
-from gridrun.engine import layout, outputlog
 from gridrun.engine.backends.base import Slot
 from gridrun.engine.backends.local import LocalBackend
-from gridrun.engine.spec import RunSpec
-from gridrun.engine.store import Store
+from gridrun.runs import layout, outputlog
+from gridrun.runs.store import Store
+from gridrun.spec import RunSpec
 
 MB = 1 << 20
 
 
 def chatty(lines: int = 1_000_000, **kwargs):
     """A task that prints ~100 MB (numbered lines) before it trains."""
-    from gridrun.engine.tasks.spirals import spirals
+    from gridrun.tasks.spirals import spirals
 
     print("FIRST LINE", flush=True)
     for i in range(lines):

@@ -10,10 +10,11 @@ import pytest
 from test_analysis import make_run
 from typer.testing import CliRunner
 
+from gridrun.analysis import frames, tables
+from gridrun.analysis.export import export_metrics
 from gridrun.cli import app
-from gridrun.engine import frames, layout, runlog, tables
-from gridrun.engine.export import export_metrics
-from gridrun.engine.records import Summary
+from gridrun.runs import layout, runlog
+from gridrun.runs.records import Summary
 
 GOOD = [
     {"t": 1.0, "step": 0, "epoch": 0, "split": "start", "total_steps": 100},

@@ -6,7 +6,7 @@ import re
 import sys
 from pathlib import Path
 
-from gridrun.engine.spec import TRAINER_KEYS, Key, load_runs
+from gridrun.spec import TRAINER_KEYS, Key, load_runs
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 START, END = "<!-- trainer-keys:start -->", "<!-- trainer-keys:end -->"
@@ -70,7 +70,7 @@ def example_code() -> str:
 def test_readme_task_example_runs_and_validates(tmp_path, monkeypatch):
     import torch
 
-    from gridrun.engine.tasks import Task
+    from gridrun import Task
 
     pkg = tmp_path / "mypkg"
     pkg.mkdir()

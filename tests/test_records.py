@@ -12,13 +12,15 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from gridrun.analysis import frames
 from gridrun.cli import app
-from gridrun.engine import frames, layout, progress, records, runlog, states, worker
-from gridrun.engine.progress import Progress, fold
-from gridrun.engine.records import Summary
-from gridrun.engine.runlog import MetricsWriter
-from gridrun.engine.spec import TRAINER_KEYS, RunSpec, run_id, write_run_config
-from gridrun.engine.store import Store
+from gridrun.runs import layout, progress, records, runlog, states
+from gridrun.runs.progress import Progress, fold
+from gridrun.runs.records import Summary
+from gridrun.runs.runlog import MetricsWriter
+from gridrun.runs.store import Store
+from gridrun.spec import TRAINER_KEYS, RunSpec, run_id, write_run_config
+from gridrun.train import worker
 from gridrun.tui.store_source import StoreSource
 
 

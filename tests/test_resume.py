@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gridrun.engine import checkpoint, layout, records, runlog, states
-from gridrun.engine.spec import TRAINER_KEYS, RunSpec, write_run_config
-from gridrun.engine.trainer import train
+from gridrun.runs import layout, records, runlog, states
+from gridrun.spec import TRAINER_KEYS, RunSpec, write_run_config
+from gridrun.train import checkpoint
+from gridrun.train.trainer import train
 
 TIMING = records.TIMING  # what differs between identical replays
 
@@ -36,7 +37,7 @@ def metrics_without_timing(run_dir: Path) -> list[dict]:
 
 
 def start_worker(run_dir: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "gridrun.engine.worker", str(run_dir)],
+    return subprocess.Popen([sys.executable, "-m", "gridrun.train.worker", str(run_dir)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 

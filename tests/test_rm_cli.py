@@ -8,7 +8,7 @@ from test_engine_kit import make_run
 from typer.testing import CliRunner
 
 from gridrun.cli import app
-from gridrun.engine.store import Store
+from gridrun.runs.store import Store
 
 
 def three(root):
@@ -64,7 +64,7 @@ def test_rm_bad_id_is_one_line_and_removes_nothing(tmp_path):
 
 
 def test_removing_every_run_keeping_folders_is_no_lost_queue(tmp_path):
-    from gridrun.engine.rundirs import lost_queue_warning
+    from gridrun.runs.rundirs import lost_queue_warning
 
     root = tmp_path / "runs"
     queued, running, done = three(root)

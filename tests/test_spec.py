@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gridrun.engine.spec import (
+from gridrun.spec import (
     TRAINER_KEYS,
     EngineConfig,
     RunSpec,
@@ -271,6 +271,6 @@ def test_engine_config(tmp_path):
 def test_spec_never_imports_torch():
     import subprocess
     import sys
-    code = ("import sys, gridrun.engine.spec, gridrun.commands.plan, gridrun.cli; "
+    code = ("import sys, gridrun.spec, gridrun.commands.plan, gridrun.cli; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gridrun.engine import spec
-from gridrun.engine.spec import (
+from gridrun import spec
+from gridrun.spec import (
     KEY_ALIASES,
     TRAINER_KEYS,
     EngineConfig,
@@ -141,7 +141,7 @@ def _python(code: str, **kw) -> subprocess.CompletedProcess:
 def test_a_trainer_key_clone_never_imports_torch(run):
     done = _python(
         "import json, sys\n"
-        "from gridrun.engine.spec import RunSpec, derive, needs_task, parse_overrides\n"
+        "from gridrun.spec import RunSpec, derive, needs_task, parse_overrides\n"
         f"run = RunSpec.from_dict(json.loads({json.dumps(json.dumps(run.to_dict()))}))\n"
         "o = parse_overrides('lr=1 epochs=3 optimizer=sgd')\n"
         "assert not needs_task(o)\n"
@@ -153,7 +153,7 @@ def test_a_trainer_key_clone_never_imports_torch(run):
 
 def test_the_derive_subprocess_answers_in_json(run):
     def ask(overrides: str) -> tuple[int, dict]:
-        done = subprocess.run([sys.executable, "-m", "gridrun.engine.spec", "derive"],
+        done = subprocess.run([sys.executable, "-m", "gridrun.spec", "derive"],
                               input=json.dumps({"run": run.to_dict(), "overrides": overrides}),
                               capture_output=True, text=True, cwd=REPO, timeout=120,
                               env={**os.environ, "PYTHONPATH": str(REPO)})

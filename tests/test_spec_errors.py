@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gridrun.cli import app
-from gridrun.engine.spec import SpecError, load_runs
+from gridrun.spec import SpecError, load_runs
 
 FIXTURES = Path(__file__).parent / "spec_fixtures"
 

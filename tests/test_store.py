@@ -9,8 +9,8 @@ import stat
 import pytest
 from test_engine_kit import make_run
 
-from gridrun.engine import states
-from gridrun.engine.store import MIGRATIONS, RunNotFound, Store
+from gridrun.runs import states
+from gridrun.runs.store import MIGRATIONS, RunNotFound, Store
 
 
 @pytest.fixture

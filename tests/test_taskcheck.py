@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gridrun.cli import app
-from gridrun.engine.store import Store
+from gridrun.runs.store import Store
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "experiments.toml"
 HEAD = "[defaults]\nepochs = 1\nbatch_size = 16\nseeds = 2\n\n"
@@ -153,8 +153,8 @@ def test_the_example_passes_in_under_a_second_per_task():
 def test_the_check_leaves_the_random_state_and_threads_alone():
     import torch
 
-    from gridrun.engine.spec import load_runs
-    from gridrun.engine.taskcheck import check_runs
+    from gridrun.checks.taskcheck import check_runs
+    from gridrun.spec import load_runs
 
     threads = torch.get_num_threads()
     torch.manual_seed(7)

@@ -1,4 +1,4 @@
-"""Student's t written out (gridrun.engine.tdist) against scipy's, which it replaces
+"""Student's t written out (gridrun.analysis.tdist) against scipy's, which it replaces
 on the path of `gridrun compare` (scipy.special alone costs ~160 ms to import)."""
 
 import math
@@ -9,7 +9,7 @@ import sys
 import pytest
 from scipy import special
 
-from gridrun.engine import tdist
+from gridrun.analysis import tdist
 
 DOFS = [0.5, 1, 1.5, 2, 3, 4.7, 9, 30, 100, 1000, 1e5]
 TS = [0.0, 1e-6, 0.1, 0.5, 1.0, 2.0, 3.5, 8.0, 20.0, 100.0, 1e4]

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from gridrun.engine import checkpoint, layout, records, runlog, states
-from gridrun.engine.optim import lr_at
-from gridrun.engine.spec import TRAINER_KEYS, RunSpec
-from gridrun.engine.tasks.spirals import spirals
-from gridrun.engine.trainer import evaluate, train
+from gridrun.runs import layout, records, runlog, states
+from gridrun.spec import TRAINER_KEYS, RunSpec
+from gridrun.tasks.spirals import spirals
+from gridrun.train import checkpoint
+from gridrun.train.optim import lr_at
+from gridrun.train.trainer import evaluate, train
 
 TIMING = records.TIMING  # what differs between identical replays
 QUIET = {"log": lambda s: None}
@@ -167,7 +168,7 @@ def count_host_reads(monkeypatch) -> Counter:
 
         def counted(self, *a, _original=original, **k):
             module = sys._getframe(1).f_globals.get("__name__", "")
-            if module.startswith("gridrun.") and not module.startswith("gridrun.engine.tasks"):
+            if module.startswith("gridrun.") and not module.startswith("gridrun.tasks"):
                 reads[module] += 1
             return _original(self, *a, **k)
 
@@ -183,7 +184,7 @@ def test_at_most_one_round_of_host_reads_per_log_point(tmp_path, monkeypatch):
     assert steps == 21
     log_points, evals, checkpoints, epochs = math.ceil(steps / 7), 3, 3, 3
     # the sampler lists its CPU permutation once an epoch
-    assert reads.pop("gridrun.engine.data", 0) <= epochs
+    assert reads.pop("gridrun.train.data", 0) <= epochs
     assert sum(reads.values()) <= log_points + evals + checkpoints, reads
     assert sum(reads.values()) < steps
 
@@ -193,7 +194,7 @@ def test_host_read_count_sees_a_per_step_sync(tmp_path, monkeypatch):
     `.item()` per batch, in a function that runs as part of trainer.py."""
     import types
 
-    from gridrun.engine import trainer
+    from gridrun.train import trainer
 
     real = trainer.to_device
 
@@ -207,7 +208,7 @@ def test_host_read_count_sees_a_per_step_sync(tmp_path, monkeypatch):
     reads = count_host_reads(monkeypatch)
     monkeypatch.setattr(trainer, "to_device", as_trainer_code)
     train(spec(epochs=3, log_every=7), tmp_path, **QUIET)
-    assert reads["gridrun.engine.trainer"] >= 21
+    assert reads["gridrun.train.trainer"] >= 21
 
 
 def test_divergence_seen_at_an_evaluation_still_writes_a_summary(tmp_path):
@@ -215,8 +216,8 @@ def test_divergence_seen_at_an_evaluation_still_writes_a_summary(tmp_path):
     broken by the last update are never checkpointed."""
     import json
 
-    from gridrun.engine import worker
-    from gridrun.engine.spec import write_run_config
+    from gridrun.spec import write_run_config
+    from gridrun.train import worker
 
     run = spec(optimizer="sgd", lr=1e6, warmup=0, schedule="constant", eval_every=1,
                checkpoint_every=1, log_every=50)

@@ -13,7 +13,8 @@ import sys
 
 from test_engine_kit import kill_quietly
 
-from gridrun.engine import daemon, layout
+from gridrun.engine import daemon
+from gridrun.runs import layout
 
 TINY = """
 [defaults]

@@ -13,13 +13,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from gridrun.checks import verdict
+from gridrun.checks.verify import VerifyError, verify
 from gridrun.cli import app
-from gridrun.engine import checkpoint, layout, runlog, states, verdict, worker
-from gridrun.engine.checkpoint import weights_sha256
-from gridrun.engine.spec import TRAINER_KEYS, RunSpec, read_run_config, write_run_config
-from gridrun.engine.store import Store
-from gridrun.engine.trainer import train
-from gridrun.engine.verify import VerifyError, verify
+from gridrun.runs import layout, runlog, states
+from gridrun.runs.store import Store
+from gridrun.spec import TRAINER_KEYS, RunSpec, read_run_config, write_run_config
+from gridrun.train import checkpoint, worker
+from gridrun.train.checkpoint import weights_sha256
+from gridrun.train.trainer import train
 
 QUIET = {"log": lambda s: None}
 

@@ -30,9 +30,9 @@ START_HINT = "start some with: gridrun run experiments.toml"
 
 def _runs(root: Path, experiment: str | None) -> Any:
     """The runs (of one experiment) from the store, their folders only where needed
-    (see gridrun.engine.frames); a root without a store from its folders. Rows,
+    (see gridrun.analysis.frames); a root without a store from its folders. Rows,
     not a DataFrame: `compare` never imports pandas."""
-    from gridrun.engine import frames
+    from gridrun.analysis import frames
 
     frame = frames.load_rows(root, experiment)
     if frame.empty:
@@ -41,7 +41,7 @@ def _runs(root: Path, experiment: str | None) -> Any:
             fail(f"no runs under {root} yet; {START_HINT}")
         if experiment not in known:
             fail(f"no experiment {experiment!r} under {root}; there are: {', '.join(known)}")
-        from gridrun.engine.tables import notes
+        from gridrun.analysis.tables import notes
 
         _notes(notes(frame))
         fail(f"no readable runs of {experiment!r} under {root}")
@@ -66,8 +66,8 @@ def compare(
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
     """Mean ± std over seeds per cell, the best cell per metric, deltas vs the baseline."""
-    from gridrun.engine.analysis import AnalysisError, ablation
-    from gridrun.engine.tables import format_table, notes
+    from gridrun.analysis.ablation import AnalysisError, ablation
+    from gridrun.analysis.tables import format_table, notes
 
     frame = _runs(root, experiment)
     try:
@@ -94,10 +94,10 @@ def export(
 ) -> None:
     """Write runs, metrics or the ablation table to a CSV or Parquet file (atomically:
     the file is complete or not there)."""
-    from gridrun.engine import runlog, states
-    from gridrun.engine.analysis import AnalysisError, ablation_table
-    from gridrun.engine.export import TargetExists, check_target, export_metrics, write_frame
-    from gridrun.engine.tables import notes
+    from gridrun.analysis.ablation import AnalysisError, ablation_table
+    from gridrun.analysis.export import TargetExists, check_target, export_metrics, write_frame
+    from gridrun.analysis.tables import notes
+    from gridrun.runs import runlog, states
 
     if status is not None and status not in states.ALL:
         fail(f"unknown status {status!r}: choose one of {', '.join(states.ALL)}")

@@ -51,13 +51,13 @@ def open_store(root: Path) -> Iterator[Any]:
     """The store under `root`, for a command: a damaged one ends the command with
     its one-line reason (exit 2), wherever the damage shows; an empty one while
     run folders exist says so on stderr first."""
-    from gridrun.engine.layout import UnsafeRoot
-    from gridrun.engine.store import Store, StoreDamaged
+    from gridrun.runs.layout import UnsafeRoot
+    from gridrun.runs.store import Store, StoreDamaged
 
     try:
         with Store(root) as store:
             if not store.has_runs():
-                from gridrun.engine.doctor import lost_queue_warning
+                from gridrun.checks.doctor import lost_queue_warning
 
                 warning = lost_queue_warning(root, store)
                 if warning:

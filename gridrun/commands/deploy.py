@@ -54,8 +54,8 @@ def register(app: typer.Typer) -> None:
         model.json beside the model. Exit 0 when within tolerance, 1 when not (the files
         are kept, marked), 2 when the run cannot be exported.
         """
-        from gridrun.engine.deploy import DeployError, export_model, load_run
-        from gridrun.engine.deploy_parity import table
+        from gridrun.deploy.model import DeployError, export_model, load_run
+        from gridrun.deploy.parity import table
 
         try:
             loaded = load_run(run, root)

@@ -20,7 +20,7 @@ def doctor(root: RootOption = DEFAULT_ROOT,
            ) -> None:
     """Check the store (SQLite integrity), the root's owner and modes, stale locks, the
     engine's heartbeat, leftover temporary files and the GPU set-up. Exit 1 if a check fails."""
-    from gridrun.engine import doctor as checks
+    from gridrun.checks import doctor as checks
 
     if rebuild:
         _rebuild(root, force, as_json)
@@ -35,7 +35,7 @@ def doctor(root: RootOption = DEFAULT_ROOT,
 
 
 def _rebuild(root, force: bool, as_json: bool) -> None:
-    from gridrun.engine import doctor as checks
+    from gridrun.checks import doctor as checks
 
     try:
         out = checks.rebuild(root, force=force)

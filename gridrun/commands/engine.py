@@ -54,7 +54,7 @@ def _store(root: Path):
 
 
 def _resolve(store, prefixes: list[str]) -> list[str]:
-    from gridrun.engine.store import RunNotFound
+    from gridrun.runs.store import RunNotFound
 
     try:
         return [store.resolve(p) for p in prefixes]
@@ -65,7 +65,7 @@ def _resolve(store, prefixes: list[str]) -> list[str]:
 def _queue(file: Path, root: Path, force: bool,
            check: bool = True) -> tuple[list, list[str], list[str]]:
     from gridrun.engine.backends.registry import BackendError, check_backend
-    from gridrun.engine.spec import SpecError, load
+    from gridrun.spec import SpecError, load
 
     try:
         loaded = load(file, force=force)  # one read of the file: its runs and its [engine]
@@ -76,7 +76,7 @@ def _queue(file: Path, root: Path, force: bool,
         fail(f"{e}\nnothing was queued")
     except BackendError as e:
         fail(f"{file}: {e}\nnothing was queued")
-    from gridrun.engine.layout import root_problems
+    from gridrun.runs.layout import root_problems
 
     unsafe = root_problems(root)  # a symlinked or foreign experiment folder, say
     if unsafe:
@@ -139,7 +139,7 @@ def _results(root: Path, file: Path, runs: list) -> None:
     experiments = sorted({r.experiment for r in runs})
     typer.echo("results: " + ", ".join(str(root / e) for e in experiments))
     try:
-        from gridrun.engine import tables
+        from gridrun.analysis import tables
     except ImportError:
         return
     try:
@@ -159,7 +159,8 @@ def engine_start(root: RootOption = DEFAULT_ROOT,
                      "--until-idle", help="With --foreground: exit once nothing is queued or "
                      "running.")] = False) -> None:
     """Start the background engine for this root (one per root)."""
-    from gridrun.engine import daemon, layout
+    from gridrun.engine import daemon
+    from gridrun.runs import layout
 
     if foreground or until_idle:
         raise typer.Exit(daemon.serve(root, until_idle=until_idle))
@@ -238,7 +239,7 @@ def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix i
          root: RootOption = DEFAULT_ROOT) -> None:
     """Print the end of a run's output.log (it keeps the first 1 MB and the last ~6-9 MB
     of what the run printed); -f goes on with what the run prints next."""
-    from gridrun.engine import layout, outputlog, states
+    from gridrun.runs import layout, outputlog, states
 
     with _store(root) as store:
         run_id = _resolve(store, [run_id])[0]
@@ -263,7 +264,7 @@ def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix i
 def _apply(action: str, runs: list[str], root: Path, *, fresh: bool = False) -> None:
     """Cancel or retry each run, printing each outcome; exit 2 if any was refused
     (an unknown id, a run already ended or not retryable) after applying the rest."""
-    from gridrun.engine.store import RunNotFound
+    from gridrun.runs.store import RunNotFound
 
     refused = False
     with _store(root) as store:

@@ -15,7 +15,7 @@ BAR = 20
 def _progress(run, root: Path, offsets: dict, folded: dict, now: float | None = None) -> str:
     """One run's line: its progress by steps (by epochs for a log without a length),
     loss, best value and time left, from the one fold over its metrics log."""
-    from gridrun.engine import layout, progress, runlog
+    from gridrun.runs import layout, progress, runlog
     from gridrun.tui.widgets.fmt import duration
 
     trainer = run.config.get("trainer", {})
@@ -39,7 +39,8 @@ def _progress(run, root: Path, offsets: dict, folded: dict, now: float | None = 
 def follow(root: Path, ids: list[str], *, live: bool, interval: float = 0.5) -> bool:
     """Until every run in `ids` has ended; True if all completed. Ctrl-C raises KeyboardInterrupt."""
     from gridrun.commands.common import open_store
-    from gridrun.engine import daemon, states
+    from gridrun.engine import daemon
+    from gridrun.runs import states
 
     offsets: dict = {}
     folded: dict = {}

@@ -18,7 +18,7 @@ FileArgument = Annotated[
 
 def load_or_exit(file: Path, *, force: bool = False):
     """The file's runs, or every problem on stderr and exit 2."""
-    from gridrun.engine.spec import SpecError, load_runs
+    from gridrun.spec import SpecError, load_runs
 
     try:
         return load_runs(file, force=force)
@@ -29,7 +29,7 @@ def load_or_exit(file: Path, *, force: bool = False):
 
 def check_tasks(file: Path, runs):
     """The task check's report; every note on stderr (notes never block)."""
-    from gridrun.engine.taskcheck import check_runs
+    from gridrun.checks.taskcheck import check_runs
 
     report = check_runs(runs, file)
     for note in report.notes:

@@ -26,8 +26,8 @@ def rm(
     refused: `gridrun cancel` it first). Their folders are kept unless --delete-folders.
     Exits 2, removing nothing, if an id matches no run or several; exits 2 if any
     run was refused (the others are removed)."""
-    from gridrun.engine.rundirs import remove_runs
-    from gridrun.engine.store import RunNotFound
+    from gridrun.runs.rundirs import remove_runs
+    from gridrun.runs.store import RunNotFound
 
     with open_store(root) as store:
         try:

@@ -48,9 +48,9 @@ def claim(root: Path, spec, file: Path, pid: int, start_time: float | None):
     """Take the run in the store for this process, or end the command saying who has it.
     Returns the row as it was before (its pending `fresh`, its status)."""
     from gridrun.commands.engine import provenance
-    from gridrun.engine import states
     from gridrun.engine.scheduler import foreground_alive
-    from gridrun.engine.store import FOREGROUND
+    from gridrun.runs import states
+    from gridrun.runs.store import FOREGROUND
 
     prov = provenance(file.resolve().parent)
     with open_store(root) as store:
@@ -92,8 +92,8 @@ def hold_lock(run_dir: Path, pid: int, start_time: float | None) -> int | None:
 def record_end(root: Path, run_id: str, run_dir: Path, pid: int, code: int | None,
                error: str | None = None) -> str:
     """The run's ending in the store, as the engine records one; what to print."""
-    from gridrun.engine import layout, runlog, states
-    from gridrun.engine.records import Summary
+    from gridrun.runs import layout, runlog, states
+    from gridrun.runs.records import Summary
 
     summary = runlog.read_summary(run_dir / layout.SUMMARY)
     status = states.STATUS_OF_EXIT.get(code, states.FAILED)
@@ -138,9 +138,10 @@ def register(app: typer.Typer) -> None:
         failed (1), diverged (3), out of memory (4) and interrupted (5) apart;
         ctrl-c checkpoints, exits 5 and leaves the run cancelled (resumable).
         """
-        from gridrun.engine import layout, states, worker
         from gridrun.engine.backends import child
-        from gridrun.engine.spec import write_run_config
+        from gridrun.runs import layout, states
+        from gridrun.spec import write_run_config
+        from gridrun.train import worker
 
         chosen = pick(load_or_exit(file), run)
         try:  # the same checks as the engine: a private root, no symlink followed inside it

@@ -15,8 +15,8 @@ from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
 
 
 def open_app(root: Path, file: Path | None = None) -> None:
-    from gridrun.engine.layout import UnsafeRoot
-    from gridrun.engine.store import StoreDamaged
+    from gridrun.runs.layout import UnsafeRoot
+    from gridrun.runs.store import StoreDamaged
     from gridrun.tui.app import GridrunApp
     from gridrun.tui.store_source import StoreSource
 

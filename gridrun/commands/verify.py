@@ -12,7 +12,7 @@ from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
 
 def run_folder(run: str, root: Path) -> Path:
     """A run folder given as a path, or the folder of the run whose id starts with `run`."""
-    from gridrun.engine import layout, states
+    from gridrun.runs import layout, states
 
     path = Path(run)
     if (path / layout.CONFIG).is_file():
@@ -21,7 +21,7 @@ def run_folder(run: str, root: Path) -> Path:
         fail(f"{run!r} is neither a run folder nor a run of {root} (it has no {layout.DB_NAME}; "
              "--root names another root)")
     from gridrun.commands.common import open_store
-    from gridrun.engine.store import RunNotFound
+    from gridrun.runs.store import RunNotFound
 
     with open_store(root) as store:
         try:
@@ -55,9 +55,9 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-        from gridrun.engine import verdict
-        from gridrun.engine.verify import VerifyError
-        from gridrun.engine.verify import verify as replay
+        from gridrun.checks import verdict
+        from gridrun.checks.verify import VerifyError
+        from gridrun.checks.verify import verify as replay
 
         console = Console(stderr=True)
         try:

@@ -1,1 +1,11 @@
-"""Everything that is not UI. Never imports Textual or gridrun.tui."""
+"""The background process: the daemon, the scheduler that gives queued runs
+slots, telemetry, and the backends (local, ray, slurm) that launch each run.
+
+    daemon     start, stop and the loop of the engine process
+    scheduler  queued runs -> slots -> launches; exits -> run states
+    telemetry  GPU and CPU samples (NVML behind one module that never raises)
+    backends/  launch a run on a slot, stream its events, cancel it
+
+Imports `gridrun.train` (the worker a backend runs), `gridrun.runs` and
+`gridrun.spec`. Never Textual, never `gridrun.tui`.
+"""

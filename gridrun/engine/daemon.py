@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gridrun.engine import layout
+from gridrun.runs import layout
 
 LOCK, PID, LOG = "engine.lock", "engine.pid", "engine.log"
 HEARTBEAT = "engine_heartbeat"  # scheduler.HEARTBEAT (not imported: status stays light)
@@ -69,7 +69,7 @@ def status(root: str | os.PathLike, *, store: Any = None, heartbeat: bool = True
 def _heartbeat_age(root: Path, pid: int, store: Any) -> float | None:
     try:
         if store is None:
-            from gridrun.engine.store import Store
+            from gridrun.runs.store import Store
 
             with Store(root) as opened:
                 beat = opened.get_state(HEARTBEAT)
@@ -98,7 +98,7 @@ def start(root: str | os.PathLike, config: Any = None, *, timeout: float = 30.0,
     if not current.running:
         layout.check_root(root)  # layout.UnsafeRoot: others can write it
         if config is not None:
-            from gridrun.engine.store import Store
+            from gridrun.runs.store import Store
 
             with Store(root) as store:
                 store.set_state("engine_config", dataclasses.asdict(config))
@@ -166,8 +166,8 @@ def stop(root: str | os.PathLike, *, timeout: float = 300.0, force: bool = False
 
 
 def engine_config(root: Path) -> Any:
-    from gridrun.engine.spec import EngineConfig
-    from gridrun.engine.store import Store
+    from gridrun.runs.store import Store
+    from gridrun.spec import EngineConfig
 
     with Store(root) as store:
         saved = store.get_state("engine_config")
@@ -195,9 +195,9 @@ def serve(root: Path, *, until_idle: bool = False, **engine_options: Any) -> int
     """The engine process itself (run by `start`, or in the foreground: `gridrun engine
     start --foreground`, with `until_idle` it returns once the queue is done)."""
     from gridrun.engine.backends.registry import BackendError, make_backend, slots_for_backend
-    from gridrun.engine.rundirs import lost_queue_warning
     from gridrun.engine.scheduler import Engine
-    from gridrun.engine.store import Store, StoreDamaged
+    from gridrun.runs.rundirs import lost_queue_warning
+    from gridrun.runs.store import Store, StoreDamaged
 
     layout.private_umask()  # the engine, its fork server and every run inherit it
     root = Path(root).resolve()

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gridrun.engine import layout, outputlog, runlog, states
 from gridrun.engine.backends import child
 from gridrun.engine.backends.base import EXIT_ALREADY_RUNNING, Backend, Exited, Handle, Slot
-from gridrun.engine.records import Summary
-from gridrun.engine.spec import write_run_config
-from gridrun.engine.store import FOREGROUND, Run, Store
+from gridrun.runs import layout, outputlog, runlog, states
+from gridrun.runs.records import Summary
+from gridrun.runs.store import FOREGROUND, Run, Store
+from gridrun.spec import write_run_config
 
 log = logging.getLogger("gridrun.engine")
 

@@ -19,11 +19,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gridrun.engine import layout, runlog, verdict
-from gridrun.engine.doctor import lost_queue_warning
-from gridrun.engine.progress import INPUT_BOUND, INPUT_BOUND_SHARE, Progress, fold
-from gridrun.engine.records import Summary
-from gridrun.engine.store import Run, Store
+from gridrun.checks import verdict
+from gridrun.checks.doctor import lost_queue_warning
+from gridrun.runs import layout, runlog
+from gridrun.runs.progress import INPUT_BOUND, INPUT_BOUND_SHARE, Progress, fold
+from gridrun.runs.records import Summary
+from gridrun.runs.store import Run, Store
 from gridrun.tui.source import (
     EngineState,
     GpuRow,
@@ -218,7 +219,7 @@ class StoreSource:
 
     def remove(self, ids: Sequence[str], delete_folders: bool = False) -> str:
         """`gridrun rm`: queued and ended runs leave the store; folders kept unless asked."""
-        from gridrun.engine.rundirs import remove_runs
+        from gridrun.runs.rundirs import remove_runs
 
         out = remove_runs(self.store, self.root, list(ids), delete_folders=delete_folders)
         done = [i for i, o in out.items() if o.startswith("removed")]
@@ -303,8 +304,8 @@ class StoreSource:
         file's keys are: ValueError with the spec's message, and nothing queued, when
         a key or value is wrong. Trainer keys are checked here; a task key needs the
         task factory's signature (its module imports torch), so that check runs in a
-        `python -m gridrun.engine.spec derive` subprocess, as the file checks do."""
-        from gridrun.engine.spec import SpecError, derive, needs_task, parse_overrides
+        `python -m gridrun.spec derive` subprocess, as the file checks do."""
+        from gridrun.spec import SpecError, derive, needs_task, parse_overrides
 
         spec = self.store.get_run(run_id).spec
         try:
@@ -317,11 +318,11 @@ class StoreSource:
             f"{new.id} is already queued, running or done"
 
     def _derive_apart(self, spec, override: str):
-        from gridrun.engine.spec import RunSpec
+        from gridrun.spec import RunSpec
 
         request = json.dumps({"run": spec.to_dict(), "overrides": override})
         try:
-            done = subprocess.run([self.python, "-m", "gridrun.engine.spec", "derive"], input=request,
+            done = subprocess.run([self.python, "-m", "gridrun.spec", "derive"], input=request,
                                   capture_output=True, text=True, timeout=120)
         except subprocess.TimeoutExpired as e:
             raise ValueError(f"checking the task's keys took more than {e.timeout:g} s") from None
@@ -340,7 +341,8 @@ class StoreSource:
     def _table(self, experiment: str):
         """The experiment's ablation table: the same object while nothing changed;
         only runs whose store row or running log changed are read again."""
-        from gridrun.engine import analysis, frames, tables
+        from gridrun.analysis import ablation as analysis
+        from gridrun.analysis import frames, tables
 
         with self._compare_lock:
             frame = self._frames.setdefault(experiment, frames.ExperimentFrame(self.root, experiment))
@@ -352,7 +354,8 @@ class StoreSource:
     def compare(self, experiment: str) -> Table:
         """Cells from the one formatter `gridrun compare` uses; with nothing changed
         since the last call, the same Table (a query and a few stats)."""
-        from gridrun.engine import analysis, tables
+        from gridrun.analysis import ablation as analysis
+        from gridrun.analysis import tables
 
         try:
             t = self._table(experiment)
@@ -370,7 +373,7 @@ class StoreSource:
     def export_csv(self, experiment: str, path: str, *, force: bool = False) -> str:
         """Atomically; an existing file raises FileExistsError unless `force`, a
         symbolic link is refused (ValueError) even then."""
-        from gridrun.engine import export
+        from gridrun.analysis import export
 
         target = Path(path).expanduser()
         target.parent.mkdir(parents=True, exist_ok=True)

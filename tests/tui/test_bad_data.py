@@ -92,7 +92,7 @@ def test_store_row_with_a_string_for_epochs(tmp_path):
 
     from test_engine_kit import make_run
 
-    from gridrun.engine.store import Store
+    from gridrun.runs.store import Store
     from gridrun.tui.store_source import StoreSource
 
     root = tmp_path / "runs"

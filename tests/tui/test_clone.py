@@ -4,8 +4,8 @@ the spec's message and nothing is queued; a good one is the cell a file would gi
 import pytest
 from tui_helpers import aio, settle, until
 
-from gridrun.engine.spec import RunSpec, load_runs
-from gridrun.engine.store import Store
+from gridrun.runs.store import Store
+from gridrun.spec import RunSpec, load_runs
 from gridrun.tui.app import GridrunApp
 from gridrun.tui.screens.dialogs import Prompt
 from gridrun.tui.store_source import StoreSource

@@ -9,7 +9,7 @@ from tui_helpers import aio, settle
 
 from gridrun.engine import daemon
 from gridrun.engine.backends.child import process_start_time
-from gridrun.engine.store import Store
+from gridrun.runs.store import Store
 from gridrun.tui.app import GridrunApp
 from gridrun.tui.store_source import StoreSource
 

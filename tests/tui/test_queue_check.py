@@ -4,7 +4,7 @@ imports torch) and queues only when the check passed."""
 import pytest
 from tui_helpers import aio, settle, until
 
-from gridrun.engine.store import Store
+from gridrun.runs.store import Store
 from gridrun.tui import demo
 from gridrun.tui.app import GridrunApp
 from gridrun.tui.screens.dialogs import QueueScreen

@@ -4,10 +4,10 @@ import json
 
 from tui_helpers import aio, settle, until
 
-from gridrun.engine import layout
-from gridrun.engine.runlog import MetricsWriter
-from gridrun.engine.spec import RunSpec, run_id
-from gridrun.engine.store import Store
+from gridrun.runs import layout
+from gridrun.runs.runlog import MetricsWriter
+from gridrun.runs.store import Store
+from gridrun.spec import RunSpec, run_id
 from gridrun.tui.app import GridrunApp
 from gridrun.tui.store_source import StoreSource
 
@@ -124,7 +124,7 @@ def test_detail_and_output_tail(tmp_path):
 
 def lost_queue_root(tmp_path):
     """Run folders with no store beside them: the queue was lost (a deleted or truncated gridrun.db)."""
-    from gridrun.engine.spec import write_run_config
+    from gridrun.spec import write_run_config
 
     for seed in (0, 1):
         folder = layout.make_private_dir(layout.run_dir(tmp_path, "exp", spec(seed).id))

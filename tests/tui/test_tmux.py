@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from gridrun.engine import daemon
-from gridrun.engine.store import Store
+from gridrun.runs.store import Store
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 

@@ -6,9 +6,9 @@ import json
 import pytest
 from tui_helpers import aio, settle, until
 
-from gridrun.engine import layout
-from gridrun.engine.spec import RunSpec, run_id, write_run_config
-from gridrun.engine.store import Store
+from gridrun.runs import layout
+from gridrun.runs.store import Store
+from gridrun.spec import RunSpec, run_id, write_run_config
 from gridrun.tui.screens.compare import CompareScreen
 from gridrun.tui.screens.dialogs import Confirm
 from gridrun.tui.store_source import StoreSource

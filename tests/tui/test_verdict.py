@@ -7,8 +7,9 @@ import pytest
 from test_store_source import spec
 from tui_helpers import aio, settle, until
 
-from gridrun.engine import layout, verdict
-from gridrun.engine.store import Store
+from gridrun.checks import verdict
+from gridrun.runs import layout
+from gridrun.runs.store import Store
 from gridrun.tui.app import GridrunApp
 from gridrun.tui.screens.detail import DetailScreen
 from gridrun.tui.source import Verdict

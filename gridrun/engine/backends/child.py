@@ -85,7 +85,7 @@ def _capture_output(path: Path) -> subprocess.Popen | None:
     """Point stdin at /dev/null and stdout/stderr at a pipe read by the keeper
     (engine/outputlog.py), which writes `path` capped at 10 MB, head and tail.
     Without a keeper (it could not start) they go straight to the file, uncapped."""
-    from gridrun.engine import outputlog
+    from gridrun.runs import outputlog
 
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -153,7 +153,7 @@ def run(run_dir: str, *, fresh: bool, cuda_visible_devices: str, close_fds: tupl
     keeper = _capture_output(run_path / "output.log")
 
     try:
-        from gridrun.engine import worker
+        from gridrun.train import worker
 
         code = int(worker.main(run_dir, fresh=fresh))
     except SystemExit as e:

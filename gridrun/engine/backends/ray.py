@@ -49,9 +49,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gridrun.engine import layout, runlog, states
 from gridrun.engine.backends import child
 from gridrun.engine.backends.base import EXIT_ALREADY_RUNNING, Backend, Exited, Handle, Slot
+from gridrun.runs import layout, runlog, states
 
 try:
     import ray

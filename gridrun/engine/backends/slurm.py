@@ -54,9 +54,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gridrun.engine import layout, states
 from gridrun.engine.backends import slurm_job
 from gridrun.engine.backends.base import Backend, Exited, Handle, Slot
+from gridrun.runs import layout, states
 
 try:
     import submitit

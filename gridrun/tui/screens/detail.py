@@ -14,8 +14,8 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Input, Static, TabbedContent, TabPane
 
-from gridrun.engine import records as rec
-from gridrun.engine.states import FINISHED
+from gridrun.runs import records as rec
+from gridrun.runs.states import FINISHED
 from gridrun.tui.guard import refresh
 from gridrun.tui.source import ACTIVE, RunDetail, RunRow, Verdict
 from gridrun.tui.widgets import fmt

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from rich.cells import cell_len, set_cell_size
 from rich.style import Style
 
-from gridrun.engine import records as rec
+from gridrun.runs import records as rec
 from gridrun.tui.source import RunRow
 from gridrun.tui.widgets import fmt
 

@@ -12,7 +12,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
-from gridrun.engine import records as rec
+from gridrun.runs import records as rec
 from gridrun.tui.widgets.curves import Curves, Series
 
 MIB = 2**20

@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.text import Text
 
-from gridrun.engine.progress import INPUT_BOUND, MEMORY_CREEP
+from gridrun.runs.progress import INPUT_BOUND, MEMORY_CREEP
 from gridrun.tui.source import RunRow, Verdict
 
 GLYPHS = {"queued": ("·", "dim"), "running": ("▶", "bold cyan"), "completed": ("✓", "green"),

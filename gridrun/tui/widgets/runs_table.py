@@ -25,7 +25,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from gridrun.engine import records as rec
+from gridrun.runs import records as rec
 from gridrun.tui.source import RunRow
 from gridrun.tui.widgets import fmt
 from gridrun.tui.widgets.columns import (

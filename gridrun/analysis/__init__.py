@@ -1,0 +1,11 @@
+"""Finished and running runs turned into tables: no torch, no engine.
+
+    frames    runs -> one row per run (from the store, or the folders)
+    ablation  tables over seeds: mean, std, CI, deltas with Welch's p
+    tdist     Student's t, without scipy
+    rowtable  plain rows that `gridrun compare` reads without pandas
+    tables    the text of a table: table, csv, markdown, latex, json
+    export    frames and metrics to files, atomically
+
+Imports `gridrun.runs` and `gridrun.spec`; nothing here imports torch.
+"""

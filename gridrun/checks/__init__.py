@@ -1,0 +1,9 @@
+"""Audits of runs, tasks and roots.
+
+    verify     replay a run and compare it bit for bit with what it recorded
+    verdict    RUN_DIR/verify.json, its one writer and reader (no torch)
+    taskcheck  a task factory tried once before anything is queued
+    doctor     the root, the store, the engine and the machine checked
+
+May import every package below it (engine, train, runs, spec, tasks).
+"""

@@ -1,0 +1,190 @@
+"""The determinism audit: replay a run in a scratch folder and compare it bit for bit.
+
+`verify(run_dir)` re-executes a finished or interrupted run with its exact
+recorded config (`config.toml`) in a temporary folder, from the start or from
+the run's last checkpoint, and compares every metrics line with the line the
+run recorded at the same position (timing fields aside, floats exactly), then
+the final weights when the replay ends where the recorded run did. Nothing
+that affects results changes: a shorter replay stops the trainer through
+`should_stop`, never by changing `max_steps` or `epochs` (that would change the
+learning-rate schedule). The one file written in the run folder is
+`verify.json` (see verdict.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import shutil
+import struct
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gridrun.checks import verdict
+from gridrun.runs import layout, records, runlog, states
+from gridrun.spec import read_run_config
+from gridrun.train import checkpoint
+from gridrun.train.trainer import train
+
+MISSING = "(missing)"
+
+
+class VerifyError(ValueError):
+    """The run cannot be verified as asked (no config, no metrics, no checkpoint, ...)."""
+
+
+def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bool = False,
+           progress: Callable[[int, int], None] = lambda done, total: None) -> dict[str, Any]:
+    """Replay the run in RUN_DIR (at most `steps` optimizer steps), compare, write verify.json.
+
+    With `from_checkpoint` the replay resumes from `checkpoints/last.pt` and is
+    compared with what the run recorded after that checkpoint. Returns the
+    verdict (verdict.py); raises VerifyError when there is nothing to verify.
+    """
+    run_dir = Path(run_dir)
+    started = time.time()
+    if steps is not None and steps < 1:
+        raise VerifyError(f"--steps must be at least 1, not {steps}")
+    try:
+        run = read_run_config(run_dir / layout.CONFIG)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise VerifyError(f"{run_dir}: no readable {layout.CONFIG} ({e})") from None
+    start_step, offset = 0, 0
+    if from_checkpoint:
+        try:
+            state = checkpoint.load(run_dir / layout.CHECKPOINTS / checkpoint.LAST)
+        except checkpoint.CheckpointError as e:
+            raise VerifyError(str(e)) from None
+        if state is None:
+            raise VerifyError(f"{run_dir}: no checkpoint to replay from ({layout.CHECKPOINTS}/last.pt)")
+        if not isinstance(state.get("step"), int) or not isinstance(state.get("metrics_offset"), int):
+            raise VerifyError(f"{run_dir}/{layout.CHECKPOINTS}/last.pt holds no step and metrics "
+                              "position (written by another version?): verify from the start")
+        start_step, offset = state["step"], state["metrics_offset"]
+    recorded = runlog.read_from(run_dir / layout.METRICS, offset)[0]
+    # the one summary reader: garbage reads as no summary, wrong-typed fields as unset
+    stored = runlog.read_summary(run_dir / layout.SUMMARY)
+    recorded_summary = stored.to_json() if stored is not None else {}
+    # where the run ended: its last line, or a later stop that summary.json records
+    ends = [r.get("step") for r in recorded] + [recorded_summary.get("step")]
+    last_step = max((s for s in ends if isinstance(s, int)), default=start_step)
+    if last_step <= start_step:
+        where = f"after the checkpoint at step {start_step}" if from_checkpoint else "yet"
+        raise VerifyError(f"{run_dir}: no steps recorded {where}: nothing to compare"
+                          + (" (verify from the start instead)" if from_checkpoint else ""))
+    target = last_step if steps is None else min(last_step, start_step + steps)
+
+    with tempfile.TemporaryDirectory(prefix="gridrun-verify-") as tmp:
+        scratch = Path(tmp)
+        if from_checkpoint:
+            (scratch / layout.CHECKPOINTS).mkdir(mode=0o700)
+            shutil.copyfile(run_dir / layout.CHECKPOINTS / "last.pt", scratch / layout.CHECKPOINTS / "last.pt")
+            shutil.copyfile(run_dir / layout.METRICS, scratch / layout.METRICS)
+        calls = 0
+
+        def should_stop() -> bool:  # called once per optimizer step
+            nonlocal calls
+            calls += 1
+            progress(calls, target - start_step)
+            return start_step + calls >= target
+
+        with contextlib.redirect_stderr(io.StringIO()):  # a failure's traceback is in summary
+            summary = train(run, scratch, fresh=not from_checkpoint, should_stop=should_stop,
+                            log=lambda line: None)
+        replayed = runlog.read_from(scratch / layout.METRICS, offset)[0]
+        if not replayed and summary["status"] == states.FAILED:  # e.g. the task no longer imports
+            raise VerifyError(f"{run_dir}: the replay could not start: {summary['error']}")
+        window = [r for r in recorded if r.get("step", 0) <= target]
+        difference = compare_lines(window, replayed, summary)
+        weights = "not compared"
+        if difference is None:
+            weights, difference = compare_weights(run_dir, recorded_summary, scratch, summary)
+    # a replay that failed leaves summary["step"] at 0: its last line says how far it came
+    end = max([summary["step"], *(r["step"] for r in replayed if isinstance(r.get("step"), int))])
+
+    result = {
+        "ok": difference is None, "steps": end - start_step, "from_step": start_step,
+        "to_step": end, "lines": min(len(window), len(replayed)), "weights": weights,
+        "weights_sha256": summary["weights_sha256"], "difference": difference,
+        "when": time.time(), "args": {"steps": steps, "from_checkpoint": from_checkpoint},
+        "replay_status": summary["status"], "replay_error": summary["error"],
+        "device": summary["device"], "recorded_device": recorded_summary.get("device"),
+        "wall_time_s": round(time.time() - started, 3),
+    }
+    verdict.write(run_dir, result)
+    return result
+
+
+def same(a: Any, b: Any) -> bool:
+    """Bitwise equality: floats by their bits (NaN equals NaN, 0.0 is not -0.0)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return struct.pack("<d", a) == struct.pack("<d", b) or (math.isnan(a) and math.isnan(b))
+    return type(a) is type(b) and a == b
+
+
+def compare_lines(recorded: list[dict[str, Any]], replayed: list[dict[str, Any]],
+                  summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The first difference between the recorded lines and the replayed ones, position by position."""
+    for rec, rep in zip(recorded, replayed, strict=False):
+        for field in [*rec, *(k for k in rep if k not in rec)]:
+            if field in records.TIMING:
+                continue
+            a, b = rec.get(field, MISSING), rep.get(field, MISSING)
+            if not same(a, b):
+                return {"step": rec.get("step"), "split": rec.get("split"), "field": field,
+                        "recorded": a, "replayed": b}
+    if len(replayed) < len(recorded):  # the replay ended early: it failed or diverged
+        rec = recorded[len(replayed)]
+        ended = summary["status"] + (f": {summary['error']}" if summary["error"] else "")
+        return {"step": rec.get("step"), "split": rec.get("split"), "field": "line",
+                "recorded": f"a {rec.get('split')} line",
+                "replayed": f"none (the replay ended at step {summary['step']}, {ended})"}
+    return None
+
+
+def compare_weights(run_dir: Path, recorded_summary: dict[str, Any], scratch: Path,
+                    summary: dict[str, Any]) -> tuple[str, dict | None]:
+    """("identical" | "differs" | "not compared", the difference) for the replay's final weights.
+
+    Compared with the recorded `weights_sha256` when summary.json is at the same
+    step, else tensor by tensor with the run's last.pt when that is at the same step.
+    """
+    step, replayed = summary["step"], summary["weights_sha256"]
+    if replayed is None:  # the replay failed: its lines said so already, or there was nothing after
+        return "not compared", None
+    if recorded_summary.get("step") == step and recorded_summary.get("weights_sha256"):
+        expected = recorded_summary["weights_sha256"]
+        if expected == replayed:
+            return "identical", None
+        return "differs", {"step": step, "split": verdict.WEIGHTS, "field": "weights_sha256",
+                           "recorded": expected, "replayed": replayed}
+    try:
+        state = checkpoint.load(run_dir / layout.CHECKPOINTS / "last.pt")
+    except Exception:  # an unreadable checkpoint is a reference we do not have
+        state = None
+    mine = checkpoint.load(scratch / layout.CHECKPOINTS / "last.pt")
+    if state is None or mine is None or state["step"] != step or mine["step"] != step:
+        return "not compared", None
+    a, b = state["model"], mine["model"]
+    for key in sorted(a.keys() | b.keys()):
+        if key not in a or key not in b:
+            return "differs", {"step": step, "split": verdict.WEIGHTS, "field": key,
+                               "recorded": "present" if key in a else MISSING,
+                               "replayed": "present" if key in b else MISSING}
+        if not torch.equal(a[key], b[key]):
+            return "differs", {"step": step, "split": verdict.WEIGHTS, **_first_element(key, a[key], b[key])}
+    return "identical", None
+
+
+def _first_element(key: str, a: torch.Tensor, b: torch.Tensor) -> dict[str, Any]:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return {"field": key, "recorded": f"{a.dtype} {tuple(a.shape)}", "replayed": f"{b.dtype} {tuple(b.shape)}"}
+    fa, fb = a.reshape(-1), b.reshape(-1)
+    i = int((fa != fb).nonzero()[0, 0]) if (fa != fb).any() else 0  # NaN != NaN also lands here
+    return {"field": f"{key}[{i}]", "recorded": fa[i].item(), "replayed": fb[i].item()}

@@ -1,0 +1,241 @@
+"""From a finished run to a deployable model.
+
+`load_run(path_or_id)` turns a run folder into its config, summary, metrics
+and model (rebuilt through the task factory, seeded as in training, the
+checkpoint loaded with `weights_only=True`, in eval mode). `export_model`
+exports that model to ONNX, a `torch.export` archive (`.pt2`) or TorchScript,
+then proves it computes what PyTorch computes on validation batches
+(deploy_parity.py), and writes `parity.json` and `model.json` beside it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gridrun.deploy.formats import DeployError
+from gridrun.runs import layout, runlog
+from gridrun.runs.records import Summary
+from gridrun.spec import RunSpec, read_run_config
+from gridrun.tasks import Task, resolve
+from gridrun.train import checkpoint
+
+CHECKPOINTS = {"best": checkpoint.BEST, "last": checkpoint.LAST}
+FORMATS = {"onnx": "model.onnx", "pt2": "model.pt2", "torchscript": "model.ts.pt"}
+EXPORT_DIR = "export"  # inside the run folder, unless -o says otherwise
+PARITY, MODEL_JSON = "parity.json", "model.json"
+
+
+def find_run(path_or_id: str | os.PathLike, root: str | os.PathLike | None = None) -> Path:
+    """A run folder given as a path, or the folder of the run whose id starts with `path_or_id`."""
+    path = Path(path_or_id)
+    if (path / layout.CONFIG).is_file():
+        return path
+    root = Path(root) if root is not None else layout.default_root()
+    prefix = str(path_or_id)
+    if (root / layout.DB_NAME).exists():
+        from gridrun.runs.store import RunNotFound, Store
+
+        try:
+            with Store(root) as store:
+                return store.get_run(prefix).run_dir(root)
+        except RunNotFound as e:
+            raise DeployError(str(e).strip("'\"")) from None
+    found = sorted(p for p in root.glob(f"*/{prefix}*") if (p / layout.CONFIG).is_file())
+    if len(found) == 1:
+        return found[0]
+    what = "no run" if not found else f"{len(found)} runs"
+    raise DeployError(f"{prefix!r}: {what} under {root} with a folder or id starting so "
+                      "(name a run folder, or --root / root= another root)")
+
+
+@dataclass
+class LoadedRun:
+    """One run as a notebook wants it; see `load_run`."""
+
+    folder: Path
+    spec: RunSpec
+    summary: Summary = field(default_factory=Summary)  # records.Summary: .best, .final, .status, ...
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The flat resolved config: task, every trainer key, every task key."""
+        return self.spec.config
+
+    @cached_property
+    def metrics(self) -> Any:
+        """Every metrics line as a pandas DataFrame (one row a line: step, epoch, split, ...)."""
+        import pandas as pd
+
+        return pd.DataFrame(runlog.read_all(self.folder / layout.METRICS))
+
+    @cached_property
+    def task(self) -> Task:
+        """The run's Task, built by its factory after seeding as the trainer does."""
+        from gridrun.train.seeding import seed_everything
+
+        seed_everything(self.spec.seed)
+        try:
+            return resolve(self.spec.task)(**self.spec.task_args)
+        except Exception as exc:  # the factory is the user's code
+            raise DeployError(f"run {self.id}: task {self.spec.task!r} cannot be built: "
+                              f"{type(exc).__name__}: {exc}") from exc
+
+    def checkpoint_path(self, which: str = "best") -> Path:
+        if which not in CHECKPOINTS:
+            raise DeployError(f"checkpoint must be 'best' or 'last', not {which!r}")
+        path = self.folder / layout.CHECKPOINTS / CHECKPOINTS[which]
+        if not path.is_file():
+            why = ("no evaluation finished with a finite metric" if which == "best"
+                   else "it never reached a checkpoint")
+            raise DeployError(f"run {self.id} has no {layout.CHECKPOINTS}/{path.name} ({why}; "
+                              f"status {self.summary.status or 'unknown'})"
+                              + ("; --checkpoint last exports the last weights"
+                                 if which == "best" and (path.parent / checkpoint.LAST).is_file() else ""))
+        return path
+
+    def state(self, which: str = "best", device: str | torch.device = "cpu") -> dict[str, Any]:
+        try:
+            state = checkpoint.load(self.checkpoint_path(which), device)
+        except checkpoint.CheckpointError as e:
+            raise DeployError(str(e)) from None
+        if state is None or "model" not in state:
+            raise DeployError(f"{self.checkpoint_path(which)} holds no model weights")
+        return state
+
+    def checkpoint_metrics(self, which: str = "best") -> dict[str, float]:
+        """The validation metrics recorded when the checkpoint was written."""
+        state = self.state(which)
+        if which == "best":
+            return dict(state.get("best", {}).get("metrics") or {})
+        return dict(state.get("final") or {})
+
+    def model(self, checkpoint: str = "best", device: str | torch.device = "cpu") -> torch.nn.Module:
+        """A fresh copy of the task's model with the checkpoint's weights, on `device`, in eval mode."""
+        model = copy.deepcopy(self.task.model)
+        model.load_state_dict(self.state(checkpoint, device)["model"])
+        return model.to(device).eval()
+
+    def val_loader(self, device: str | torch.device = "cpu") -> Any:
+        """The validation batches exactly as the trainer iterated them."""
+        from gridrun.train.data import val_loader
+
+        return val_loader(self.task.val_data, self.spec.trainer, seed=self.spec.seed,
+                          collate_fn=self.task.collate_fn, cuda=torch.device(device).type == "cuda")
+
+    def evaluate(self, checkpoint: str = "best", device: str | torch.device = "cpu") -> dict[str, float]:
+        """The task's validation metrics of a checkpoint, computed the trainer's way."""
+        from gridrun.train.seeding import set_determinism
+        from gridrun.train.trainer import evaluate, resolve_precision
+
+        device = torch.device(device)
+        model = self.model(checkpoint, device)
+        if device.type == "cuda":
+            set_determinism(self.spec.trainer.get("deterministic", True))
+        precision = resolve_precision(self.spec.trainer.get("precision", "fp32"), device)
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        autocast = torch.autocast(device.type, dtype=dtype) if dtype else torch.autocast(
+            device.type, enabled=False)
+        return evaluate(model, self.task, self.val_loader(device), device, autocast)
+
+
+def load_run(path_or_id: str | os.PathLike, root: str | os.PathLike | None = None) -> LoadedRun:
+    """A run folder, or a run id (a unique prefix) of `root` (default ./runs or $GRIDRUN_ROOT)."""
+    folder = find_run(path_or_id, root)
+    try:
+        spec = read_run_config(folder / layout.CONFIG)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DeployError(f"{folder}: no readable {layout.CONFIG} ({e})") from None
+    return LoadedRun(folder=folder, spec=spec,
+                     summary=runlog.read_summary(folder / layout.SUMMARY) or Summary())
+
+
+# ---- export ------------------------------------------------------------------------------
+
+
+def default_output(run: LoadedRun, fmt: str, which: str) -> Path:
+    return run.folder / EXPORT_DIR / which / FORMATS[fmt]
+
+
+def export_model(run: LoadedRun, *, checkpoint: str = "best", fmt: str = "onnx",
+                 out: str | os.PathLike | None = None, batches: int = 3,
+                 atol: float | None = None, rtol: float | None = None,
+                 log: Any = lambda line: None) -> dict[str, Any]:
+    """Export the run's model, check parity, write parity.json and model.json; the report."""
+    from gridrun.deploy import formats, parity
+
+    if fmt not in FORMATS:
+        raise DeployError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if fmt == "onnx":
+        formats.require_onnx()
+    run.checkpoint_path(checkpoint)  # a clear message before anything is built
+    out = Path(out) if out is not None else default_output(run, fmt, checkpoint)
+    layout.make_private_dir(out.parent)
+    model = run.model(checkpoint, "cpu")
+    task = run.task
+    loader = run.val_loader("cpu")
+    example_batch = next(iter(loader), None)
+    if example_batch is None:
+        raise DeployError(f"run {run.id}: the validation set is empty: no example input to export with")
+    sig = formats.Signature.of(model, task, example_batch)
+    log(f"exporting run {run.id} ({run.spec.task}, {checkpoint}.pt) to {fmt}: inputs "
+        + ", ".join(f"{n} {formats.shape_text(s)}" for n, s in sig.symbolic_shapes().items()))
+
+    started = time.perf_counter()
+    formats.export(fmt, model, sig, out)
+    export_s = time.perf_counter() - started
+    program = formats.load(fmt, out, sig)
+    load_s = time.perf_counter() - started - export_s
+
+    checked = parity.batches_for(run, loader, sig, batches)
+    report = parity.check(model, program, task, sig, checked, fmt=fmt, atol=atol, rtol=rtol)
+    train_s = run.summary.wall_time_s
+    report.update(run_id=run.id, format=fmt, checkpoint=checkpoint, model=out.name,
+                  export_s=round(export_s, 3), load_s=round(load_s, 3),
+                  train_s=round(train_s, 3) if isinstance(train_s, int | float) else None)
+    _write_json(out.parent / PARITY, report)
+    _write_json(out.parent / MODEL_JSON, model_card(run, checkpoint, fmt, out, sig, report))
+    return report
+
+
+def model_card(run: LoadedRun, which: str, fmt: str, out: Path, sig: Any,
+               report: dict[str, Any]) -> dict[str, Any]:
+    """What a consumer of the exported file needs (model.json)."""
+    import gridrun
+    from gridrun.deploy import formats
+
+    return {
+        "model": out.name, "format": fmt, "run_id": run.id, "experiment": run.spec.experiment,
+        "variant": run.spec.variant, "seed": run.spec.seed, "task": run.spec.task,
+        "task_args": dict(run.spec.task_args), "trainer": dict(run.spec.trainer),
+        "checkpoint": which, "checkpoint_step": run.state(which).get("step"),
+        "metrics": run.checkpoint_metrics(which),
+        "inputs": [{"name": n, "shape": s, "dtype": str(sig.inputs[n].dtype).removeprefix("torch.")}
+                   for n, s in sig.symbolic_shapes().items()],
+        "dynamic_dims": sig.dim_ranges(),
+        "outputs": [{"name": n, "shape": s, "dtype": d} for n, s, d in sig.output_info()],
+        "parity_ok": report["ok"],
+        "versions": {"gridrun": gridrun.__version__, "torch": torch.__version__,
+                     **formats.runtime_versions(fmt)},
+        "load": formats.HOW_TO_LOAD[fmt],
+    }
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    from gridrun.train.worker import json_safe
+
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(json_safe(value), indent=1, allow_nan=False, default=str) + "\n")
+    os.replace(tmp, path)

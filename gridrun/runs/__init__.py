@@ -1,0 +1,15 @@
+"""The records of runs, on disk and in SQLite: one owner per record kind.
+
+    layout      a run folder's file names, the root's checks, atomic writes
+    records     the shape of every metrics line (names, the one parser)
+    states      the run states
+    runlog      metrics.jsonl: append, read, tail
+    outputlog   output.log: the run's stdout and stderr, read safely
+    progress    how far a run has got: one fold over its metrics lines
+    rundirs     the run folders under a root, found from the disk alone
+    store       the queue in SQLite (WAL): runs, intents, telemetry
+    store_rows  the store's rows as Python values
+
+Imports `gridrun.spec` (run specs) and nothing above it; no torch. Training
+code (`gridrun.train`) may read and write the files here, never the store.
+"""

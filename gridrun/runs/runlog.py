@@ -1,0 +1,184 @@
+"""The per-run metrics log: one JSON object a line, append-only.
+
+Each line is written whole with a single `write` and flushed, so a reader sees
+either a complete line or a torn last line (a writer killed mid-write), which
+it skips. Readers can follow a live log cheaply by keeping a byte offset.
+
+The shape of a line is records.py's; every reader (analysis, exports, the CLI's
+progress lines, the interface) goes through `read`/`parse` here, which treat
+each line as untrusted: a line that is not a record (see `records.record`) is
+skipped and counted, never a crash. `read_summary` does the same for
+summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gridrun.runs.records import Summary, record
+
+
+def _clean(value: Any) -> Any:
+    # JSON has no NaN or Infinity; a diverged value is recorded as null.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsWriter:
+    """Appends records to `metrics.jsonl`. Use `truncate(offset)` on resume to
+    drop lines written after the checkpoint being resumed from."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the run
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = json.dumps({k: _clean(v) for k, v in record.items()}, separators=(",", ":"))
+        self._file.write(line.encode() + b"\n")
+
+    def offset(self) -> int:
+        return self._file.tell()
+
+    def truncate(self, offset: int) -> None:
+        self._file.truncate(offset)
+        self._file.seek(offset)
+
+    def sync(self) -> None:
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class NullWriter:
+    """A sink that drops everything (so the loop never asks `if writer:`)."""
+
+    def write(self, record: dict[str, Any]) -> None:
+        pass
+
+    def offset(self) -> int:
+        return 0
+
+    def truncate(self, offset: int) -> None:
+        pass
+
+    def sync(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------- reading
+
+@dataclass
+class Read:
+    """What a read found: the records, the offset to go on from, and how many
+    complete lines were not records (skipped: not JSON, not an object, or a
+    field of the wrong type)."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    offset: int = 0
+    skipped: int = 0
+
+
+def _null(_: str) -> None:
+    return None
+
+
+_DECODER = json.JSONDecoder(parse_constant=_null)  # NaN, Infinity: null, as the writer writes them
+
+
+def parse(data: bytes) -> tuple[list[dict[str, Any]], int]:
+    """The records of complete lines, and how many lines were skipped."""
+    records, skipped = [], 0
+    for line in data.splitlines():
+        if not line:
+            continue
+        try:
+            rec = record(_DECODER.decode(line.decode()))
+        except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deep
+            rec = None
+        if rec is None:
+            skipped += 1
+        else:
+            records.append(rec)
+    return records, skipped
+
+
+def read(path: str | os.PathLike, offset: int = 0) -> Read:
+    """Complete records after byte `offset`, the offset to resume from, and the
+    number of complete lines skipped.
+
+    A torn last line (no trailing newline yet) is left for the next call; a
+    missing file reads as empty.
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return Read([], offset, 0)
+    end = data.rfind(b"\n") + 1
+    records, skipped = parse(data[:end])
+    return Read(records, offset + end, skipped)
+
+
+def read_from(path: str | os.PathLike, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """`read` without the count: (records, offset)."""
+    got = read(path, offset)
+    return got.records, got.offset
+
+
+def read_all(path: str | os.PathLike) -> list[dict[str, Any]]:
+    return read(path, 0).records
+
+
+def iter_chunks(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> Iterator[Read]:
+    """Records in chunks of about `chunk_bytes`, for streaming large logs."""
+    offset = 0
+    with open(path, "rb") as f:
+        while True:
+            f.seek(offset)
+            data = f.read(chunk_bytes)
+            if not data:
+                return
+            end = data.rfind(b"\n") + 1
+            if end == 0:
+                if len(data) < chunk_bytes:
+                    return  # a torn last line
+                chunk_bytes *= 2  # a line longer than a chunk
+                continue
+            records, skipped = parse(data[:end])
+            offset += end
+            yield Read(records, offset, skipped)
+
+
+def skipped_note(count: int, path: str | os.PathLike) -> str:
+    """What a reader tells the user about lines it skipped."""
+    return f"{count} unreadable line{'s' * (count != 1)} skipped in {path}"
+
+
+# --------------------------------------------------------------------------- summary.json
+
+def read_summary(path: str | os.PathLike) -> Summary | None:
+    """`summary.json` through `Summary.from_json`; None when missing or unreadable
+    (garbage, or caught mid-write by a reader of a live run)."""
+    try:
+        with open(path, "rb") as f:
+            return Summary.from_json(json.loads(f.read()))
+    except (OSError, ValueError, RecursionError):
+        return None

@@ -1,0 +1,19 @@
+"""Run states and the worker's exit codes: the vocabulary shared by the
+trainer, the worker, the store, the scheduler and every reader."""
+
+QUEUED = "queued"
+RUNNING = "running"
+COMPLETED = "completed"
+FAILED = "failed"
+DIVERGED = "diverged"
+OOM = "oom"
+CANCELLED = "cancelled"
+INTERRUPTED = "interrupted"
+
+ALL = (QUEUED, RUNNING, COMPLETED, FAILED, DIVERGED, OOM, CANCELLED, INTERRUPTED)
+FINISHED = (COMPLETED, FAILED, DIVERGED, OOM, CANCELLED)
+
+# Exit codes of `python -m gridrun.train.worker` and `gridrun train`.
+# 2 is left to usage errors (a bad file, a bad argument), as everywhere in the CLI.
+EXIT_CODES = {COMPLETED: 0, FAILED: 1, DIVERGED: 3, OOM: 4, INTERRUPTED: 5}
+STATUS_OF_EXIT = {code: status for status, code in EXIT_CODES.items()}

@@ -1,0 +1,39 @@
+"""The experiment file: TOML -> validated ExperimentSpec -> one RunSpec per cell and seed.
+
+Nothing here imports torch, so `gridrun plan` and the TUI stay fast; checking
+task keys imports the task factory's module (and whatever that imports).
+
+    keys.py      the trainer keys, the aliases users type, the check of one value
+    errors.py    Problem, SpecError, where a problem is in the file
+    model.py     RunSpec, ExperimentSpec, EngineConfig, run ids, config.toml
+    validate.py  the file's tables checked, every problem collected
+    engine.py    the [engine] table checked (local, ray and slurm keys)
+    expand.py    an experiment -> its runs
+    load.py      a file -> its runs and [engine] table (read once)
+    derive.py    a run with keys changed (a clone), checked like a file
+
+The modules import one another in that order only (a test walks the imports).
+"""
+
+from gridrun.spec.derive import derive, needs_task, parse_overrides
+from gridrun.spec.errors import Problem, SpecError
+from gridrun.spec.expand import count_runs, expand
+from gridrun.spec.keys import KEY_ALIASES, TRAINER_KEYS, Key
+from gridrun.spec.load import Loaded, load, load_engine_config, load_experiments, load_runs
+from gridrun.spec.model import (
+    EngineConfig,
+    ExperimentSpec,
+    RunSpec,
+    format_value,
+    read_run_config,
+    run_id,
+    write_run_config,
+)
+from gridrun.spec.validate import DEFAULT_CAP, MAX_RUNS
+
+__all__ = [
+    "DEFAULT_CAP", "KEY_ALIASES", "MAX_RUNS", "TRAINER_KEYS", "EngineConfig", "ExperimentSpec",
+    "Key", "Loaded", "Problem", "RunSpec", "SpecError", "count_runs", "derive", "expand",
+    "format_value", "load", "load_engine_config", "load_experiments", "load_runs", "needs_task",
+    "parse_overrides", "read_run_config", "run_id", "write_run_config",
+]

@@ -1,0 +1,311 @@
+"""Validation of an experiment file's tables: every problem collected, none raised early.
+
+Works on what tomllib gave (load.py reads the file); imports a task's module only
+to read its factory's signature, once per experiment.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from gridrun.spec.errors import LineIndex, Problem, toml_type
+from gridrun.spec.keys import (
+    NO_DEFAULT,
+    RESERVED,
+    TRAINER_KEYS,
+    TaskSignature,
+    check_task_value,
+    check_trainer_value,
+    suggest_key,
+    task_signature,
+)
+from gridrun.spec.model import ExperimentSpec, format_value
+
+TOP_LEVEL = ("defaults", "experiments", "engine")
+SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+MAX_NAME = 100  # an experiment name is a folder name: far below any file system's 255 bytes
+MAX_SEEDS = 100_000  # MAX_RUNS: `seeds = 10**9` is refused before a billion seeds are made
+DEFAULT_CAP = 10_000  # runs one file may queue without --force
+MAX_RUNS = 100_000  # ... and with it: a bigger matrix is a mistake, refused before it is built
+
+
+class Checker:
+    """Collects every problem of one file; each check returns the cleaned value or None."""
+
+    def __init__(self, file: str, text: str):
+        self.file = file
+        self.lines = LineIndex(text)
+        self.problems: list[Problem] = []
+
+    def unique(self) -> list[Problem]:
+        """Problems once each: a bad key in [defaults] is found again by every experiment."""
+        seen, out = set(), []
+        for p in self.problems:
+            mark = (p.line, p.key, p.message)
+            if mark not in seen:
+                seen.add(mark)
+                out.append(p)
+        return out
+
+    def add(self, message: str, *path: str, experiment: str | None = None, key: str | None = None,
+            suggestion: str | None = None, line: int | None = None) -> None:
+        self.problems.append(Problem(
+            file=self.file, message=message, line=line or self.lines.find(*path),
+            experiment=experiment, key=key, suggestion=suggestion))
+
+    def seeds(self, value: Any, path: tuple[str, ...], exp: str | None) -> tuple[int, ...] | None:
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value > MAX_SEEDS:
+                self.add(f"expected a count of at most {MAX_SEEDS:,}, got {value:,}",
+                         *path, experiment=exp, key="seeds")
+                return None
+            if value >= 1:
+                return tuple(range(value))
+            self.add(f"expected a count >= 1 or a non-empty array of integers, got {value!r}",
+                     *path, experiment=exp, key="seeds")
+            return None
+        if (isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool)
+                                                       and s >= 0 for s in value)):
+            if len(set(value)) != len(value):
+                self.add("seeds are repeated in the array", *path, experiment=exp, key="seeds")
+                return None
+            return tuple(value)
+        self.add(f"expected a count >= 1 or a non-empty array of integers >= 0, got {value!r}",
+                 *path, experiment=exp, key="seeds")
+        return None
+
+
+def _task_signature(c: Checker, exp: str, task: str) -> TaskSignature | None:
+    """The task factory's signature (importing its module), or None after adding the problem."""
+    from gridrun import tasks
+
+    line = c.lines.find("experiments", exp, "task") or c.lines.find("defaults", "task")
+    if ":" not in task and task not in tasks.BUILTIN:
+        c.add(f"unknown task {task!r}: built-in tasks are {', '.join(sorted(tasks.BUILTIN))}, "
+              "or write 'package.module:factory' for a task of your own",
+              experiment=exp, key="task", suggestion=suggest_key(task, tasks.BUILTIN), line=line)
+        return None
+    try:
+        return task_signature(tasks.resolve(task))
+    except tasks.TaskNotFound as exc:
+        c.add(str(exc), experiment=exp, key="task", line=line)
+        return None
+
+
+def _key_where(exp: str, path: tuple[str, ...]) -> dict[str, Any]:
+    """Where a key's problem is reported: `[defaults] lr`, or `[experiments.a] grid.lr`."""
+    if path[0] == "defaults":
+        return {"experiment": None, "key": "[defaults] " + ".".join(path[1:])}
+    return {"experiment": exp, "key": ".".join(path[2:])}
+
+
+def _check_key(c: Checker, exp: str, key: str, value: Any, params: dict[str, Any] | None,
+               path: tuple[str, ...], task: str = "") -> tuple[bool, Any]:
+    """(ok, cleaned value) for one trainer or task key."""
+    if key in TRAINER_KEYS:
+        cleaned, expected = check_trainer_value(TRAINER_KEYS[key], value)
+    elif params is None:
+        return True, value
+    elif key in params:
+        cleaned, expected = check_task_value(key, params[key], value)
+    else:
+        known = [*TRAINER_KEYS, *params, *RESERVED]
+        # a [defaults] key is checked by every experiment: name the task, not the experiment
+        of = f"task {task!r}" if path[0] == "defaults" and task else "the task"
+        c.add(f"unknown key {key!r}: not a trainer key and not a parameter of {of}",
+              *path, **_key_where(exp, path), suggestion=suggest_key(key, known))
+        return False, None
+    if expected is not None:
+        c.add(expected, *path, **_key_where(exp, path))
+        return False, None
+    return True, cleaned
+
+
+def _check_axes(c: Checker, exp: str, kind: str, table: Any, params: dict[str, Any] | None
+                ) -> dict[str, tuple[Any, ...]]:
+    path = ("experiments", exp, kind)
+    if not isinstance(table, dict):
+        c.add(f"expected a table of arrays, e.g. {kind} = {{ lr = [1e-3, 3e-4] }}, got {toml_type(table)}",
+              *path, experiment=exp, key=kind)
+        return {}
+    axes: dict[str, tuple[Any, ...]] = {}
+    for key, values in table.items():
+        if key in RESERVED:
+            c.add(f"{key!r} cannot vary in {kind}", *path, key, experiment=exp, key=f"{kind}.{key}")
+            continue
+        if not isinstance(values, list):
+            c.add(f"expected an array of values, got {toml_type(values)}", *path, key,
+                  experiment=exp, key=f"{kind}.{key}")
+            continue
+        if not values:
+            c.add("expected a non-empty array: an empty axis gives no runs", *path, key,
+                  experiment=exp, key=f"{kind}.{key}")
+            continue
+        cleaned = []
+        for v in values:
+            ok, value = _check_key(c, exp, key, v, params, (*path, key))
+            if not ok:
+                break
+            cleaned.append(value)
+        else:
+            repeated = [v for i, v in enumerate(cleaned) if v in cleaned[:i]]
+            if repeated:  # 1e-3 and 0.001 are one value: the cells would be the same runs
+                c.add(f"the value {format_value(repeated[0])} is listed twice: both cells would be "
+                      "the same runs", *path, key, experiment=exp, key=f"{kind}.{key}")
+            else:
+                axes[key] = tuple(cleaned)
+    return axes
+
+
+def _experiment(c: Checker, name: str, table: Any, defaults: dict[str, Any]) -> ExperimentSpec | None:
+    path = ("experiments", name)
+    if not SAFE_NAME.match(name) or name in (".", ".."):
+        c.add("the experiment name becomes a folder name: use only letters, digits, '.', '_' "
+              "and '-' (and not '.' or '..')", *path, experiment=name)
+        return None
+    if len(name) > MAX_NAME:
+        c.add(f"the experiment name becomes a folder name: use at most {MAX_NAME} characters "
+              f"(this one has {len(name)})", *path, experiment=name)
+        return None
+    if not isinstance(table, dict):
+        c.add(f"expected a table, got {toml_type(table)}", *path, experiment=name)
+        return None
+    n_before = len(c.problems)
+    task = table.get("task", defaults.get("task"))
+    if task is None:
+        c.add('has no task: add task = "spirals" (a built-in) or "package.module:factory"',
+              *path, experiment=name, key="task")
+        return None
+    if not isinstance(task, str):
+        c.add(f"expected a string, got {toml_type(task)}", *path, "task", experiment=name, key="task")
+        return None
+    signature = _task_signature(c, name, task)
+    if signature is None:
+        return None
+    params = None if signature.any_keyword else signature.params
+
+    keys: dict[str, Any] = {}
+    for source, items in (("defaults", defaults), ("experiments", table)):
+        for key, value in items.items():
+            if key in RESERVED:
+                continue
+            kpath = ("defaults", key) if source == "defaults" else (*path, key)
+            ok, cleaned = _check_key(c, name, key, value, params, kpath, task=str(task))
+            if ok:
+                keys[key] = cleaned
+    grid = _check_axes(c, name, "grid", table["grid"], params) if "grid" in table else {}
+    zipped = _check_axes(c, name, "zip", table["zip"], params) if "zip" in table else {}
+    if zipped and len({len(v) for v in zipped.values()}) > 1:
+        lengths = ", ".join(f"{k} has {len(v)}" for k, v in zipped.items())
+        c.add(f"zip lists must have equal lengths: {lengths}", *path, "zip", experiment=name, key="zip")
+    for key in set(grid) & set(zipped):
+        c.add(f"{key!r} is in both grid and zip", *path, "zip", key, experiment=name, key=f"zip.{key}")
+
+    ablations: dict[str, dict[str, Any]] = {}
+    raw_ablations = table.get("ablations", {})
+    if not isinstance(raw_ablations, dict):
+        c.add(f"expected a table of named variants, got {toml_type(raw_ablations)}", *path, "ablations",
+              experiment=name, key="ablations")
+        raw_ablations = {}
+    for variant, overrides in raw_ablations.items():
+        vpath = (*path, "ablations", variant)
+        if variant == "baseline":
+            c.add("'baseline' is the name of the unchanged experiment; name this variant otherwise",
+                  *vpath, experiment=name, key=f"ablations.{variant}")
+            continue
+        if not isinstance(overrides, dict) or not overrides:
+            c.add("expected a non-empty table of keys to change, e.g. { warmup = 0 }", *vpath,
+                  experiment=name, key=f"ablations.{variant}")
+            continue
+        clean = {}
+        for key, value in overrides.items():
+            if key in RESERVED:
+                c.add(f"{key!r} cannot change in an ablation", *vpath, key, experiment=name,
+                      key=f"ablations.{variant}.{key}")
+                continue
+            ok, cleaned = _check_key(c, name, key, value, params, (*vpath, key))
+            if ok:
+                clean[key] = cleaned
+        ablations[variant] = clean
+
+    seeds_value, seeds_path = ((table["seeds"], (*path, "seeds")) if "seeds" in table
+                               else (defaults.get("seeds", [0]), ("defaults", "seeds")))
+    seeds = c.seeds(seeds_value, seeds_path, name)
+    if params:
+        given = set(keys) | set(grid) | set(zipped) | {k for a in ablations.values() for k in a}
+        for p, default in params.items():
+            if default is NO_DEFAULT and p not in given:
+                c.add(f"task {task!r} needs the key {p!r} (its factory has no default for it)",
+                      *path, experiment=name, key=p)
+    if len(c.problems) > n_before or seeds is None:
+        return None
+    return ExperimentSpec(name=name, task=task, keys=keys, grid=grid, zip=zipped,
+                          ablations=ablations, seeds=seeds, task_defaults=signature.defaults)
+
+
+def check_top_level(c: Checker, data: dict[str, Any]) -> None:
+    for key in data:
+        if key not in TOP_LEVEL:
+            c.add(f"unknown table {key!r}: a file holds [defaults], [experiments.NAME] and [engine]",
+                  key, suggestion=suggest_key(key, TOP_LEVEL))
+
+
+def _raw_count(table: Any, defaults: dict[str, Any]) -> int:
+    """The runs an experiment table expands to, from its raw values (before validation;
+    malformed parts count as one: validation reports them)."""
+    if not isinstance(table, dict):
+        return 0
+
+    def lengths(kind: str) -> list[int]:
+        axes = table.get(kind)
+        return [len(v) for v in axes.values() if isinstance(v, list)] if isinstance(axes, dict) else []
+
+    cells = math.prod(lengths("grid"))
+    cells *= (lengths("zip") or [1])[0]
+    ablations = table.get("ablations")
+    variants = 1 + len(ablations) if isinstance(ablations, dict) and ablations else 1
+    seeds = table.get("seeds", defaults.get("seeds", [0]))
+    n_seeds = len(seeds) if isinstance(seeds, list) else seeds if isinstance(seeds, int) else 1
+    return cells * variants * max(1, n_seeds)
+
+
+def check_size(c: Checker, counts: dict[str, int], *, cap: int, force: bool) -> None:
+    """The cap (lifted by --force) and the ceiling (never lifted) on the number of runs."""
+    total, ceiling = sum(counts.values()), max(cap, MAX_RUNS)
+    if total <= cap or (force and total <= ceiling):
+        return
+    big = max(counts, key=lambda name: counts[name])
+    where: dict[str, Any] = {"experiment": big} if counts[big] > cap else {}
+    if total > ceiling:
+        why = (f"more than the cap of {cap:,} and more than gridrun takes even with --force "
+               f"({ceiling:,}); shrink the grid or split the file")
+    else:
+        why = f"more than the cap of {cap:,}; check the grid, or pass --force to take it as it is"
+    c.add(f"the matrix expands to {total:,} runs, {why}",
+          *(("experiments", big) if where else ()), **where)
+
+
+def check_experiments(c: Checker, data: dict[str, Any], *, cap: int | None,
+                      force: bool = False) -> list[ExperimentSpec] | None:
+    """Every valid experiment of the file (problems go to `c`); None when the file
+    is refused for its size (with `cap`), checked first, from the raw axis lengths,
+    before any task is imported (a refusal costs milliseconds, whatever the product)."""
+    defaults = data.get("defaults", {})
+    if not isinstance(defaults, dict):
+        c.add(f"expected a table, got {toml_type(defaults)}", "defaults")
+        defaults = {}
+    experiments = data.get("experiments", {})
+    if not isinstance(experiments, dict) or not experiments:
+        c.add("no experiments: add a table such as [experiments.first] with task = \"spirals\"",
+              "experiments")
+        experiments = {}
+    if cap is not None:
+        before = len(c.problems)
+        check_size(c, {name: _raw_count(t, defaults) for name, t in experiments.items()},
+                   cap=cap, force=force)
+        if len(c.problems) > before:
+            return None
+    specs = [_experiment(c, name, table, defaults) for name, table in experiments.items()]
+    return [s for s in specs if s is not None]

@@ -1,0 +1,17 @@
+"""One run in one process: the training loop and everything it needs.
+
+    trainer      train(spec, run_dir): build, resume, the step loop, evaluate, checkpoint
+    data         the loaders and the per-batch random streams
+    seeding      seeds, RNG states, deterministic mode
+    checkpoint   atomic checkpoints that load with weights_only=True
+    diagnostics  gradient norm, data wait, memory per log point
+    levers       activation checkpointing, torch.compile
+    optim        optimizer and learning-rate schedule
+    environment  the software and hardware a run ran on
+    diverge      where a NaN was born: a deterministic replay to the first bad op
+    worker       the entry point a backend runs in a child process
+
+Imports `gridrun.tasks`, `gridrun.spec` and the run-folder records of
+`gridrun.runs` (layout, records, runlog, states); never the store, the engine
+or anything above.
+"""

@@ -1,0 +1,108 @@
+"""Runs one run inside its own process: RUN_DIR/config.toml -> trainer -> summary.json.
+
+`python -m gridrun.train.worker RUN_DIR [--fresh]`; the exit code tells
+completed, failed, diverged, oom and interrupted apart (states.EXIT_CODES).
+SIGTERM or SIGINT asks the loop to checkpoint at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from gridrun.runs import layout, states
+from gridrun.runs.records import Summary
+
+
+def json_safe(value: Any) -> Any:
+    """NaN and infinities (a diverged run's last evaluation) become null, at any depth."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    tmp = run_dir / (layout.SUMMARY + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(summary, f, indent=1, allow_nan=False, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, run_dir / layout.SUMMARY)
+
+
+def read_config(run_dir: Path) -> Any:
+    """The RunSpec the engine wrote to RUN_DIR/config.toml, read only through
+    descriptors that prove the experiment folder, the run folder and the file are
+    this user's, private and not symlinks (layout.read_private): a config swapped
+    in by someone else between the engine's write and this read is refused."""
+    import tomllib
+
+    from gridrun.spec import RunSpec
+
+    return RunSpec.from_dict(tomllib.loads(layout.read_private(run_dir / layout.CONFIG).decode()))
+
+
+def replay_divergence(run: Any, run_dir: Path, summary: dict[str, Any],
+                      stop: Any = lambda: False) -> dict[str, Any]:
+    """Where a diverged run broke, found by replaying it (diverge.py); what the
+    run itself saw (anomaly mode's op) is kept when the replay cannot tell more."""
+    from gridrun.train import diverge
+
+    seen = summary.get("divergence") or {}
+    print(f"replaying to step {summary.get('diverged_step')} to find where it diverged",
+          flush=True)
+    try:
+        found = diverge.explain(run, run_dir, summary.get("diverged_step"), should_stop=stop)
+    except Exception as exc:  # an explanation that fails must not lose the run's own summary
+        found = {**seen, "reproduced": False, "note": f"the replay failed: {type(exc).__name__}: {exc}"}
+    found = {**seen, **{k: v for k, v in found.items() if v is not None}}
+    line = diverge.describe(found)
+    print(line, flush=True)
+    summary["warnings"].append(line)
+    return found
+
+
+def main(run_dir: str | Path, *, fresh: bool = False) -> int:
+    from gridrun.train.trainer import train
+
+    run_dir = Path(run_dir)
+    try:
+        run = read_config(run_dir)
+    except layout.UnsafePath as e:
+        print(f"gridrun: refusing to run {run_dir}: {e}", file=sys.stderr, flush=True)
+        return states.EXIT_CODES[states.FAILED]
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: Any) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        summary = train(run, run_dir, fresh=fresh, should_stop=stop.is_set)
+        if summary["status"] == states.DIVERGED and not stop.is_set():
+            # SIGTERM meanwhile ends the replay (a cancel must not wait for it)
+            summary["divergence"] = replay_divergence(run, run_dir, summary, stop.is_set)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    written = Summary.from_json(json_safe(summary)) or Summary()
+    write_summary(run_dir, written.to_json())
+    return states.EXIT_CODES[written.status]
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if a != "--fresh"]
+    if len(args) != 1:
+        print("usage: python -m gridrun.train.worker RUN_DIR [--fresh]", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(args[0], fresh="--fresh" in sys.argv[1:]))
