@@ -268,7 +268,7 @@ def test_a_frozen_engine_is_reported_as_not_responding(root, monkeypatch):
 def test_the_engine_reads_a_summary_through_the_one_reader(tmp_path):
     """A summary.json that is not an object (or has wrong-typed fields) must not
     make the engine record a completed run as failed: it reads what it can."""
-    from gridrun.engine.scheduler import read_summary
+    from gridrun.engine.endings import read_summary
 
     (tmp_path / layout.SUMMARY).write_text("[1, 2]")
     assert read_summary(tmp_path) is None

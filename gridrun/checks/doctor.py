@@ -365,7 +365,7 @@ def _move_aside(db: Path) -> list[Path]:
 
 def _read_folder(run_dir: Path) -> _Found:
     """A run folder -> its spec and the state the store would have given it."""
-    from gridrun.engine.scheduler import output_tail
+    from gridrun.runs.outputlog import output_tail
     from gridrun.spec import read_run_config
 
     spec = read_run_config(run_dir / layout.CONFIG)

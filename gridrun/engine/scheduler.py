@@ -2,7 +2,8 @@
 clients asked for, sample telemetry, and after a restart adopt what still runs.
 
 One thread, one loop: `Engine.step()` applies intents, launches onto free
-slots, waits (up to a tick) for runs to end and records how they ended.
+slots, waits (up to a tick) for runs to end and records how they ended
+(endings.py decides what each ending means).
 """
 
 from __future__ import annotations
@@ -12,37 +13,22 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gridrun.engine.backends import child
-from gridrun.engine.backends.base import EXIT_ALREADY_RUNNING, Backend, Exited, Handle, Slot
-from gridrun.runs import layout, outputlog, runlog, states
-from gridrun.runs.records import Summary
+from gridrun.engine.backends.base import Backend, Slot
+from gridrun.engine.endings import Active, Endings, folder_id
+from gridrun.runs import layout, states
 from gridrun.runs.store import FOREGROUND, Run, Store
 from gridrun.spec import write_run_config
 
 log = logging.getLogger("gridrun.engine")
 
-MAX_RESTARTS = 3  # a run whose process keeps dying under it fails after this
+
 HEARTBEAT = "engine_heartbeat"  # store state: {"pid", "t"}, written every HEARTBEAT_EVERY s
 HEARTBEAT_EVERY = 1.0
 FOREGROUND_EVERY = 2.0  # how often the engine looks whether foreground runs' processes live
-OUTPUT_TAIL_LINES = 30
-
-
-def output_tail(run_dir: Path, lines: int = OUTPUT_TAIL_LINES) -> str:
-    """The last lines a run printed, for its error (read from the end: a big log costs nothing)."""
-    try:
-        return outputlog.tail_lines(run_dir / layout.OUTPUT, lines).rstrip("\n")
-    except OSError:
-        return ""
-
-
-def read_summary(run_dir: Path) -> Summary | None:
-    """The run's summary.json through the one reader: garbage is None, wrong-typed fields dropped."""
-    return runlog.read_summary(run_dir / layout.SUMMARY)
 
 
 def foreground_alive(run: Run, root: Path) -> bool:
@@ -57,26 +43,7 @@ def foreground_alive(run: Run, root: Path) -> bool:
         return False
 
 
-def folder_id(path: Path) -> tuple[int, int] | None:
-    """Which folder `path` is (device, inode), or None if there is none."""
-    try:
-        st = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-@dataclass
-class Active:
-    run_id: str
-    handle: Handle
-    slot: Slot | None
-    started_at: float
-    cancelling: bool = False
-    folder: tuple[int, int] | None = None  # the run folder it was given (folder_id)
-
-
-class Engine:
+class Engine(Endings):
     def __init__(self, root: str | Path, backend: Backend, slots: list[Slot], *,
                  store: Store | None = None, telemetry: Any = None, tick: float = 0.25,
                  backoff: float = 10.0, cancel_grace: float = 30.0, stop_grace: float = 120.0,
@@ -326,110 +293,6 @@ class Engine:
         self.store.transition(run.id, states.RUNNING, states.RUNNING, pid=handle.pid,
                               pid_start_time=handle.start_time, fresh=False)
         log.info("launched %s on %s (pid %d)", run.id, slot.name, handle.pid)
-
-    # ---- endings ----------------------------------------------------------------
-
-    def finished(self, event: Exited) -> None:
-        act = self.active.pop(event.handle.run_id, None)
-        run_id = event.handle.run_id
-        try:
-            run = self.store.list_runs(ids=[run_id])[0]
-        except IndexError:
-            return
-        if act is None and run.slot == FOREGROUND:
-            return  # a `gridrun train` process seen through its lock at a launch: not ours
-        run_dir = run.run_dir(self.root)
-        summary = read_summary(run_dir)
-        code = event.code
-        if code is None and summary and (summary.ended_at or 0) >= (run.started_at or 0):
-            code = states.EXIT_CODES.get(summary.status)  # an adopted run's own account
-        if code == EXIT_ALREADY_RUNNING:
-            handle = self.backend.reattach(run_id, run_dir, None, None, act.slot if act else None)
-            if handle is not None:
-                self.active[run_id] = Active(run_id, handle, act.slot if act else None, time.time())
-                self.store.transition(run_id, states.RUNNING, states.RUNNING, pid=handle.pid,
-                                      pid_start_time=handle.start_time, note="adopted a running process")
-                return
-        cancelling = act is not None and act.cancelling
-        status = states.STATUS_OF_EXIT.get(code) if code is not None and code >= 0 else None
-        now = time.time()
-        common = {"ended_at": now, "summary": summary and summary.to_json(), "pid": None, "pid_start_time": None}
-        requeue = status == states.INTERRUPTED or (status is None and self.stopping)
-        gone = None if cancelling or requeue else self._folder_gone(run_dir, act)
-        if gone:
-            # its metrics went with the folder: never "completed" with nothing to show;
-            # a retry starts over (fresh) rather than resume from a stray checkpoint
-            self._end(run, states.FAILED, error=gone, note="its folder disappeared", fresh=True,
-                      **common)
-        elif status == states.COMPLETED:
-            self._end(run, states.COMPLETED, note="completed", **common)
-        elif cancelling and status in (states.INTERRUPTED, None):
-            self._end(run, states.CANCELLED, note="cancelled while running", **common)
-        elif status == states.INTERRUPTED or (status is None and self.stopping):
-            self._requeue(run, "interrupted: returned to the queue; resumes from its checkpoint")
-        elif status is None:
-            why = "its process died" + (f" (signal {-code})" if code is not None and code < 0 else "")
-            if run.restarts + 1 > MAX_RESTARTS:
-                self._end(run, states.FAILED, note=why, error=why + f" {run.restarts + 1} times\n\n"
-                          + output_tail(run_dir), **common)
-            else:
-                self._requeue(run, f"{why}; resumes from its checkpoint", restarts=run.restarts + 1)
-        elif status == states.OOM:
-            self._oom(run, summary, common)
-        elif status == states.DIVERGED:
-            step = (summary or Summary()).diverged_step
-            self._end(run, states.DIVERGED, note=f"diverged at step {step}",
-                      error=(summary or Summary()).error, **common)
-        else:
-            self._failed(run, code, summary, common)
-
-    def _folder_gone(self, run_dir: Path, act: Active | None) -> str | None:
-        now = folder_id(run_dir)
-        if now is not None and (act is None or act.folder in (None, now)):
-            return None
-        how = "deleted" if now is None else "deleted and made again, or replaced"
-        return (f"its folder {run_dir} disappeared while it ran ({how}): its metrics and "
-                "checkpoints are gone; `gridrun retry` runs it again from the start")
-
-    def _end(self, run: Run, status: str, **fields: Any) -> None:
-        self.store.transition(run.id, states.RUNNING, status, slot=None, **fields)
-        log.info("%s %s", run.id, status)
-
-    def _requeue(self, run: Run, note: str, **fields: Any) -> None:
-        self.store.transition(run.id, states.RUNNING, states.QUEUED, slot=None, pid=None,
-                              pid_start_time=None, note=note, **fields)
-        log.info("%s %s", run.id, note)
-
-    def _failed(self, run: Run, code: int, summary: Summary | None, common: dict) -> None:
-        s = summary or Summary()
-        error = "\n".join(x for x in (s.error or f"exit code {code}", s.traceback)
-                          if x)
-        tail = output_tail(run.run_dir(self.root))
-        error += "\n\n--- last lines of output.log ---\n" + tail if tail else ""
-        max_retries = int(run.config.get("trainer", {}).get("max_retries", 0))
-        if run.retries < max_retries:
-            delay = self.backoff * 2 ** run.retries
-            self._requeue(run, f"failed; retry {run.retries + 1} of {max_retries} in {delay:.0f} s",
-                          retries=run.retries + 1, not_before=time.time() + delay, error=error)
-        else:
-            self._end(run, states.FAILED, error=error, note="failed", **common)
-
-    def _oom(self, run: Run, summary: Summary | None, common: dict) -> None:
-        trainer = run.config["trainer"]
-        batch, acc = int(trainer["batch_size"]), int(trainer["accumulate"])
-        if batch < 2 or any(a.get("kind") == "oom" for a in run.adjustments):
-            self._end(run, states.OOM, error=(summary or Summary()).error,
-                      note="out of memory" + (" again after halving the batch" if batch >= 2 else ""),
-                      **common)
-            return
-        spec = run.spec.with_trainer(batch_size=batch // 2, accumulate=acc * 2)
-        change = {"kind": "oom", "t": time.time(), "batch_size": [batch, batch // 2],
-                  "accumulate": [acc, acc * 2]}
-        with contextlib.suppress(Exception):  # the launch writes it again in any case
-            write_run_config(run.run_dir(self.root) / layout.CONFIG, spec)
-        self._requeue(run, f"out of memory: retrying with batch_size {batch // 2} and "
-                           f"accumulate {acc * 2} (same effective batch)",
-                      config=spec.to_dict(), adjustments=[*run.adjustments, change], fresh=True)
 
     # ---- telemetry --------------------------------------------------------------
 

@@ -230,5 +230,18 @@ class Follower:
             self.f = None
 
 
+OUTPUT_TAIL_LINES = 30
+OUTPUT = "output.log"  # layout.OUTPUT: this module runs as a script without the package
+
+
+def output_tail(run_dir: os.PathLike | str, lines: int = OUTPUT_TAIL_LINES) -> str:
+    """The last lines a run printed, for its error (read from the end: a big log costs nothing)."""
+    try:
+        return tail_lines(os.path.join(run_dir, OUTPUT), lines).rstrip("\n")
+    except OSError:
+        return ""
+
+
 if __name__ == "__main__":
     main(sys.argv[1:])
+
