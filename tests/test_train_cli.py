@@ -34,6 +34,24 @@ def test_train_runs_the_only_cell_and_resumes(tmp_path):
     assert fresh.exit_code == 0 and "resumed" not in fresh.output
 
 
+def test_runs_get_expandable_cuda_segments_unless_the_user_chose(tmp_path, monkeypatch):
+    # a GPU check found an OOM retry at half the batch failing on a fragmented cache
+    file = tmp_path / "exp.toml"
+    file.write_text(ONE_RUN.replace("epochs = 2", "epochs = 1"))
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    root = tmp_path / "a"
+    assert CliRunner().invoke(app, ["train", str(file), "--root", str(root)]).exit_code == 0
+    (run_dir,) = (root / "solo").iterdir()
+    env = json.loads((run_dir / "summary.json").read_text())["environment"]
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64")
+    root = tmp_path / "b"
+    assert CliRunner().invoke(app, ["train", str(file), "--root", str(root)]).exit_code == 0
+    (run_dir,) = (root / "solo").iterdir()
+    env = json.loads((run_dir / "summary.json").read_text())["environment"]
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:64"
+
+
 def test_train_needs_a_run_when_the_file_has_several(tmp_path):
     file = tmp_path / "exp.toml"
     file.write_text(TWO_SEEDS)

@@ -99,6 +99,7 @@ def describe(device: torch.device, determinism: dict[str, Any] | None = None) ->
         "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": cudnn,
         "driver": None, "gpu": None, "gpu_memory_bytes": None,
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "determinism": determinism,
     }
     if device.type == "cuda":

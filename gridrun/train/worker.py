@@ -72,7 +72,17 @@ def replay_divergence(run: Any, run_dir: Path, summary: dict[str, Any],
     return found
 
 
+# PyTorch's own cure for "reserved but unallocated" memory: without it, a big
+# block freed by one micro-batch is split by small allocations and the next
+# micro-batch's block no longer fits (seen on an H200: an OOM retry at half the
+# batch failed so with 54 of 140 GiB free). It changes where tensors live, never
+# what is computed. A user's own setting wins.
+CUDA_ALLOC_CONF = "expandable_segments:True"
+
+
 def main(run_dir: str | Path, *, fresh: bool = False) -> int:
+    # before anything touches CUDA: the allocator reads it when CUDA starts
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOC_CONF)
     from gridrun.train.trainer import train
 
     run_dir = Path(run_dir)
