@@ -1,6 +1,8 @@
 """One run in one process: the training loop and everything it needs.
 
-    trainer      train(spec, run_dir): build, resume, the step loop, evaluate, checkpoint
+    trainer      train(spec, run_dir): the step loop, evaluate, checkpoint
+    build        the build phase: seed, task, model, optimizer, precision, run length
+    state        TrainState and the resume phase
     data         the loaders and the per-batch random streams
     seeding      seeds, RNG states, deterministic mode
     checkpoint   atomic checkpoints that load with weights_only=True

@@ -1,8 +1,9 @@
 """The training loop: the only place that steps an optimizer.
 
 One readable function in the shape of nanoGPT's train.py: seed -> build ->
-resume -> loop (log, evaluate, checkpoint). Metrics stay on the device between
-log points; reading them there is the loop's only host sync.
+resume -> loop (log, evaluate, checkpoint); the build and resume phases are
+build.py's and state.py's. Metrics stay on the device between log points;
+reading them there is the loop's only host sync.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import resource
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +22,16 @@ import torch
 from gridrun.runs import layout, records, states
 from gridrun.runs.runlog import MetricsWriter
 from gridrun.spec import RunSpec
-from gridrun.tasks import Task, resolve
-from gridrun.train import checkpoint, environment, levers
-from gridrun.train.data import count_samples, start_epoch, to_device, train_loader, val_loader
-from gridrun.train.diagnostics import Diagnostics, model_facts, unused_warning
-from gridrun.train.optim import build_optimizer, lr_at
-from gridrun.train.seeding import rng_state, seed_everything, set_determinism, set_rng_state
+from gridrun.tasks import Task
+from gridrun.train import checkpoint, environment
+from gridrun.train.build import build, resolve_precision, training_loader
+from gridrun.train.data import start_epoch, to_device
+from gridrun.train.diagnostics import unused_warning
+from gridrun.train.optim import lr_at
+from gridrun.train.state import RESUME_KEYS, resume
 
-# what a checkpoint must hold to resume from it (see save() in train)
-RESUME_KEYS = ("model", "optimizer", "scaler", "step", "epoch", "position", "best",
-               "pending_losses", "rng", "metrics_offset", "final", "train_loss")
-
+# the names other modules import from here
+__all__ = ["RESUME_KEYS", "Probe", "evaluate", "failed", "peak_memory", "resolve_precision", "train"]
 
 # what autograd's anomaly mode raises: "Function 'LogBackward0' returned nan values in its 0th output."
 ANOMALY = re.compile(r"Function '(\w+)' returned nan values")
@@ -47,14 +46,6 @@ class Probe:
 
     def before_step(self, step: int, batch: Any) -> None:
         """Before the forward of each micro-batch of optimizer step `step` (1-based)."""
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    if precision != "auto":
-        return precision
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return "bf16"
-    return "fp32"
 
 
 @torch.inference_mode()
@@ -108,100 +99,33 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
     try:
         # ---- seed and build
         device = environment.pick_device()  # a GPU it was given and cannot use: fail, never the CPU
-        summary["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        if device.type == "cpu" and environment.gpus_given() is not None:  # only as stand-ins
-            warn(f"CUDA_VISIBLE_DEVICES={environment.gpus_given()} are stand-ins "
-                 f"({environment.STAND_INS}=1): trained on the CPU")
-        summary["determinism"] = set_determinism(cfg["deterministic"], compiled=cfg["compile"])
-        summary["environment"] = environment.describe(device, summary["determinism"])
-        torch.autograd.set_detect_anomaly(cfg["detect_anomaly"])
-        seed_everything(run.seed)
-        task: Task = resolve(run.task)(**run.task_args)
-        model = task.model.to(device)
-        summary["parameters"], summary["dtype"] = model_facts(model)
-        levers.checkpoint_modules(model, cfg["checkpoint_modules"])
-        probe.attach(model)
-        precision = resolve_precision(cfg["precision"], device)
-        summary["precision"] = precision
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-        autocast = (torch.autocast(device.type, dtype=dtype) if dtype else nullcontext())
-        scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-        optimizer = build_optimizer(model.parameters(), cfg)
-        step_model = levers.compiled(model, cfg)
-        diag = Diagnostics(model, device, cfg["clip_grad"])
-        accumulate, batch_size = cfg["accumulate"], cfg["batch_size"]
-        batches = len(task.train_data) // batch_size
-        steps_per_epoch = batches // accumulate
-        if steps_per_epoch < 1:
-            raise ValueError(f"the training set has {len(task.train_data)} samples: fewer than one "
-                             f"step of batch_size x accumulate = {batch_size * accumulate}")
-        total = steps_per_epoch * cfg["epochs"]
-        if cfg["max_steps"]:
-            total = min(total, cfg["max_steps"])
-        summary["total_steps"] = total
-        metric = cfg["early_stop_metric"] or next(iter(task.metrics))
-        if metric not in task.metrics:
-            raise ValueError(f"early_stop_metric {metric!r} is not a metric of task {run.task!r}: "
-                             f"it reports {', '.join(task.metrics)}")
-        direction = task.metrics[metric]
-        summary["metrics"], summary["early_stop_metric"] = dict(task.metrics), metric
-        collate = task.collate_fn
-        count = task.count_samples or count_samples
-        val_data = val_loader(task.val_data, cfg, seed=run.seed, collate_fn=collate, cuda=device.type == "cuda")
+        setup = build(run, device, summary, probe, warn)
+        diag, task, model, total = setup.diagnostics, setup.task, setup.model, setup.total
+        accumulate, steps_per_epoch = setup.accumulate, setup.steps_per_epoch
 
         # ---- resume
         ckpt_dir = run_dir / layout.CHECKPOINTS
-        step, epoch, position = 0, 0, 0
-        best: dict[str, Any] = {"value": None, "step": None, "metrics": {}, "bad_evals": 0}
-        pending: list[torch.Tensor] = []  # per-micro-batch losses since the last log point
         layout.make_private_dir(run_dir)
         writer = MetricsWriter(run_dir / layout.METRICS)
-        checkpoint.remove_temporaries(ckpt_dir)  # writes a kill cut short
-        if fresh:
-            checkpoint.discard(ckpt_dir)
-        state, problems = checkpoint.load_resumable(ckpt_dir, device, RESUME_KEYS)
-        for problem in problems:
-            warn(problem)
-        if problems and state is None:
-            warn("no checkpoint could be loaded: starting over from step 0")
-        if state is None:
-            writer.truncate(0)
-            # readers (the interface's progress bar) learn the length before the first log point
-            # and the metrics' directions and the early-stop metric, so none of them guesses
-            writer.write(records.start_line(time.time(), total, task.metrics, metric))
-        else:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            scaler.load_state_dict(state["scaler"])
-            step, epoch, position = state["step"], state["epoch"], state["position"]
-            best = state["best"]
-            summary["final"], summary["train_loss"] = state["final"], state["train_loss"]
-            pending = list(state["pending_losses"].to(device).unbind()) if state["pending_losses"].numel() else []
-            writer.truncate(state["metrics_offset"])  # drop lines written after this checkpoint
-            set_rng_state(state["rng"])
-            summary["resumed_from_step"] = step
-            log(f"resumed from step {step} (epoch {epoch}, batch {position})")
+        state = resume(setup, run_dir, writer, fresh=fresh, summary=summary, warn=warn, log=log)
+        step, epoch, position, best, pending = (state.step, state.epoch, state.position,
+                                                state.best, state.pending)
 
         def save(name: str) -> None:
-            checkpoint.save({
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": {"step": step, "total": total}, "scaler": scaler.state_dict(),
-                "step": step, "epoch": epoch, "position": position, "best": best,
-                "pending_losses": torch.stack(pending).detach() if pending else torch.zeros(0),
-                "rng": rng_state(), "metrics_offset": writer.offset(),
-                "final": summary["final"], "train_loss": summary["train_loss"],
-            }, ckpt_dir / name, keep_previous=name == checkpoint.LAST)
+            state.step, state.epoch, state.position = step, epoch, position
+            checkpoint.save(state.checkpoint(setup, writer.offset(), summary), ckpt_dir / name,
+                            keep_previous=name == checkpoint.LAST)
 
         def evaluate_and_track() -> bool:
             """Evaluate, log, keep best.pt; True when early stopping says stop."""
-            values = evaluate(model, task, val_data, device, autocast)
+            values = evaluate(model, task, setup.val_data, device, setup.autocast)
             writer.write(records.val_line(time.time(), step, epoch, values))
             summary["final"] = values
             log(f"eval  step {step:>6}  " + "  ".join(f"{k} {v:.4g}" for k, v in values.items()))
             if not all(math.isfinite(v) for v in values.values()):
                 return False
-            if records.better(values[metric], best["value"], direction):
-                best.update(value=values[metric], step=step, metrics=values, bad_evals=0)
+            if records.better(values[setup.metric], best["value"], setup.direction):
+                best.update(value=values[setup.metric], step=step, metrics=values, bad_evals=0)
                 save(checkpoint.BEST)
                 return False
             best["bad_evals"] += 1
@@ -237,9 +161,8 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         model.train()
         status = states.COMPLETED
         log(f"run {run.id} {run.experiment} {run.variant or ''} seed {run.seed}: {total} steps on "
-            f"{summary['device']} ({precision})")
-        loader = train_loader(task.train_data, cfg, seed=run.seed, collate_fn=collate,
-                              cuda=device.type == "cuda")
+            f"{summary['device']} ({setup.precision})")
+        loader = training_loader(setup)
         non_blocking = loader.pin_memory
         samples = tokens = 0
         interval_start, interval_steps, train_time = time.perf_counter(), 0, 0.0
@@ -249,19 +172,20 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         while step < total and not stop_early and status == states.COMPLETED:
             start_epoch(loader, run.seed, epoch, position)
             for batch in diag.batches(loader):
-                samples += count(batch)
+                samples += setup.count_samples(batch)
                 if task.count_tokens:
                     tokens += task.count_tokens(batch)
                 batch = to_device(batch, device, non_blocking=non_blocking)
                 probe.before_step(step + 1, batch)
-                with autocast:
-                    loss = task.loss(step_model, batch)
+                with setup.autocast:
+                    loss = task.loss(setup.step_model, batch)
                 pending.append(loss.detach())
-                scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
+                setup.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
                 micro += 1
                 if micro % accumulate:
                     continue
                 lr = lr_at(step, cfg, total)
+                optimizer, scaler = setup.optimizer, setup.scaler
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 if (unused := diag.unused()):
@@ -342,7 +266,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
             summary["samples_per_s"] = total_samples / train_time
             summary["tokens_per_s"] = total_tokens / train_time if task.count_tokens else None
         if stop_early:
-            log(f"early stop at step {step}: no better {metric} in {cfg['early_stop_patience']} evaluations")
+            log(f"early stop at step {step}: no better {setup.metric} in {cfg['early_stop_patience']} evaluations")
     except environment.EnvironmentProblem as exc:
         summary.update(status=states.FAILED, error=str(exc))
         log(str(exc))
