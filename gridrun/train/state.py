@@ -2,7 +2,8 @@
 
 `TrainState` is the part of a run that changes as it trains (where it is, the
 best evaluation, the losses not yet logged); `resume` is the phase that brings
-it back from the last checkpoint (or starts the metrics log afresh).
+it back from the last checkpoint (or starts the metrics log afresh), and the
+`Checkpointer` decides when to write it and refuses to write a diverged one.
 What a checkpoint holds is the exact-resume contract: the weights, optimizer,
 scaler, every RNG state, the data position and the metrics log's length, so a
 resumed run ends bit for bit where an uninterrupted one does.
@@ -22,6 +23,7 @@ from gridrun.runs import layout, records
 from gridrun.runs.runlog import MetricsWriter
 from gridrun.train import checkpoint
 from gridrun.train.build import Setup
+from gridrun.train.meter import read_pending
 from gridrun.train.seeding import rng_state, set_rng_state
 
 # what a checkpoint must hold to resume from it (see TrainState.checkpoint)
@@ -95,3 +97,30 @@ def resume(setup: Setup, run_dir: Path, writer: MetricsWriter, *, fresh: bool,
     log(f"resumed from step {state.step} (epoch {state.epoch}, batch {state.position})")
     return state
 
+
+class Checkpointer:
+    """Decides when last.pt is written (every `checkpoint_every` steps, at each
+    epoch's end, at the last step and when the run stops) and writes it, and
+    best.pt when asked; it never writes a state whose losses or weights are not
+    finite, and reads them (one host sync) only when it might write."""
+
+    def __init__(self, setup: Setup, folder: Path, writer: MetricsWriter, summary: dict[str, Any]):
+        self.setup, self.folder, self.writer, self.summary = setup, folder, writer, summary
+
+    def save(self, name: str, state: TrainState) -> None:
+        checkpoint.save(state.checkpoint(self.setup, self.writer.offset(), self.summary),
+                        self.folder / name, keep_previous=name == checkpoint.LAST)
+
+    def after_step(self, state: TrainState, *, epoch_ended: bool, stopping: bool,
+                   check: bool = False) -> int | None:
+        """Save last.pt if it is time; with `check`, look for divergence even if it is not.
+        Returns the diverged step (and saves nothing) when the state is not finite."""
+        every = self.setup.cfg["checkpoint_every"]
+        due = epoch_ended or state.step == self.setup.total or stopping or (
+            bool(every) and state.step % every == 0)
+        if not (due or check):
+            return None
+        diverged_step = read_pending(self.setup, state, weights=True)[1]
+        if diverged_step is None and due:
+            self.save(checkpoint.LAST, state)
+        return diverged_step
