@@ -1,6 +1,11 @@
 """One run in one process: the training loop and everything it needs.
 
-    trainer      train(spec, run_dir): build, resume, the step loop, evaluate, checkpoint
+    trainer      train(spec, run_dir): the loop, top to bottom, and how a run ends
+    build        the build phase: seed, task, model, optimizer, precision, run length
+    state        TrainState, the resume phase and the Checkpointer (when to save)
+    step         the micro-batches, forward and backward, the optimizer step
+    meter        the log points: the one host sync and the train lines
+    validate     evaluation, best.pt and early stopping
     data         the loaders and the per-batch random streams
     seeding      seeds, RNG states, deterministic mode
     checkpoint   atomic checkpoints that load with weights_only=True

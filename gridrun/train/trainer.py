@@ -1,19 +1,20 @@
 """The training loop: the only place that steps an optimizer.
 
-One readable function in the shape of nanoGPT's train.py: seed -> build ->
-resume -> loop (log, evaluate, checkpoint). Metrics stay on the device between
-log points; reading them there is the loop's only host sync.
+`train()` reads top to bottom, nanoGPT-shaped: seed and build, resume, then the
+loop (forward and backward, the step, log, evaluate, checkpoint, stop). The
+phases and the collaborators that decide when to log, evaluate and checkpoint
+live beside it: build, state (TrainState, resume, Checkpointer), step, meter,
+validate. Metrics stay on the device between log points; reading them there is
+the loop's only host sync.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import resource
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +23,17 @@ import torch
 from gridrun.runs import layout, records, states
 from gridrun.runs.runlog import MetricsWriter
 from gridrun.spec import RunSpec
-from gridrun.tasks import Task, resolve
-from gridrun.train import checkpoint, environment, levers
-from gridrun.train.data import count_samples, start_epoch, to_device, train_loader, val_loader
-from gridrun.train.diagnostics import Diagnostics, model_facts, unused_warning
-from gridrun.train.optim import build_optimizer, lr_at
-from gridrun.train.seeding import rng_state, seed_everything, set_determinism, set_rng_state
+from gridrun.train import checkpoint, environment
+from gridrun.train.build import build, resolve_precision, training_loader
+from gridrun.train.data import to_device
+from gridrun.train.diagnostics import unused_warning
+from gridrun.train.meter import Meter
+from gridrun.train.state import RESUME_KEYS, Checkpointer, TrainState, resume
+from gridrun.train.step import forward_backward, micro_batches, step_once
+from gridrun.train.validate import Validator, evaluate
 
-# what a checkpoint must hold to resume from it (see save() in train)
-RESUME_KEYS = ("model", "optimizer", "scaler", "step", "epoch", "position", "best",
-               "pending_losses", "rng", "metrics_offset", "final", "train_loss")
-
+# the names other modules import from here
+__all__ = ["RESUME_KEYS", "Probe", "evaluate", "failed", "peak_memory", "resolve_precision", "train"]
 
 # what autograd's anomaly mode raises: "Function 'LogBackward0' returned nan values in its 0th output."
 ANOMALY = re.compile(r"Function '(\w+)' returned nan values")
@@ -49,34 +50,6 @@ class Probe:
         """Before the forward of each micro-batch of optimizer step `step` (1-based)."""
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
-    if precision != "auto":
-        return precision
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return "bf16"
-    return "fp32"
-
-
-@torch.inference_mode()
-def evaluate(model: torch.nn.Module, task: Task, loader: Any, device: torch.device,
-             autocast: Any) -> dict[str, float]:
-    """The task's validation metrics over the whole validation set, in eval mode."""
-    was_training = model.training
-    model.eval()
-    sums: dict[str, Any] = {}
-    counts: dict[str, Any] = {}
-    for batch in loader:
-        with autocast:
-            out = task.evaluate(model, to_device(batch, device, non_blocking=True))
-        for name, (s, n) in out.items():
-            sums[name] = sums.get(name, 0) + torch.as_tensor(s, device=device, dtype=torch.float64)
-            counts[name] = counts.get(name, 0) + torch.as_tensor(n, device=device, dtype=torch.float64)
-    model.train(was_training)
-    names = list(sums)
-    values = torch.stack([sums[k] / counts[k] for k in names]).tolist()  # one sync
-    return dict(zip(names, values, strict=True))
-
-
 def peak_memory(device: torch.device, seen: int = 0) -> int:
     """The run's peak; `seen`: the peaks of the intervals whose counters were reset."""
     if device.type == "cuda":
@@ -91,283 +64,118 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
     """Train one run to the end (or to a stop request); returns its summary."""
     probe = probe or Probe()
     run_dir = Path(run_dir)
-    cfg = run.trainer
     started = time.time()
-    summary: dict[str, Any] = records.Summary(  # the fields are the Summary's; filled in as we go
-        run_id=run.id, experiment=run.experiment, variant=run.variant, ablation=run.ablation,
-        seed=run.seed, task=run.task, status=states.FAILED, step=0, epoch=0, started_at=started,
-        torch_version=torch.__version__).to_json()
+    summary = new_summary(run, started)  # filled in as we go: a run that fails says how far it got
 
     def warn(message: str) -> None:
         summary["warnings"].append(message)
         log(f"warning: {message}")
 
-    device = torch.device("cpu")
-    writer = diag = None
-    step = 0
+    device, setup, state, writer = torch.device("cpu"), None, None, None
     try:
         # ---- seed and build
         device = environment.pick_device()  # a GPU it was given and cannot use: fail, never the CPU
-        summary["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        if device.type == "cpu" and environment.gpus_given() is not None:  # only as stand-ins
-            warn(f"CUDA_VISIBLE_DEVICES={environment.gpus_given()} are stand-ins "
-                 f"({environment.STAND_INS}=1): trained on the CPU")
-        summary["determinism"] = set_determinism(cfg["deterministic"], compiled=cfg["compile"])
-        summary["environment"] = environment.describe(device, summary["determinism"])
-        torch.autograd.set_detect_anomaly(cfg["detect_anomaly"])
-        seed_everything(run.seed)
-        task: Task = resolve(run.task)(**run.task_args)
-        model = task.model.to(device)
-        summary["parameters"], summary["dtype"] = model_facts(model)
-        levers.checkpoint_modules(model, cfg["checkpoint_modules"])
-        probe.attach(model)
-        precision = resolve_precision(cfg["precision"], device)
-        summary["precision"] = precision
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-        autocast = (torch.autocast(device.type, dtype=dtype) if dtype else nullcontext())
-        scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-        optimizer = build_optimizer(model.parameters(), cfg)
-        step_model = levers.compiled(model, cfg)
-        diag = Diagnostics(model, device, cfg["clip_grad"])
-        accumulate, batch_size = cfg["accumulate"], cfg["batch_size"]
-        batches = len(task.train_data) // batch_size
-        steps_per_epoch = batches // accumulate
-        if steps_per_epoch < 1:
-            raise ValueError(f"the training set has {len(task.train_data)} samples: fewer than one "
-                             f"step of batch_size x accumulate = {batch_size * accumulate}")
-        total = steps_per_epoch * cfg["epochs"]
-        if cfg["max_steps"]:
-            total = min(total, cfg["max_steps"])
-        summary["total_steps"] = total
-        metric = cfg["early_stop_metric"] or next(iter(task.metrics))
-        if metric not in task.metrics:
-            raise ValueError(f"early_stop_metric {metric!r} is not a metric of task {run.task!r}: "
-                             f"it reports {', '.join(task.metrics)}")
-        direction = task.metrics[metric]
-        summary["metrics"], summary["early_stop_metric"] = dict(task.metrics), metric
-        collate = task.collate_fn
-        count = task.count_samples or count_samples
-        val_data = val_loader(task.val_data, cfg, seed=run.seed, collate_fn=collate, cuda=device.type == "cuda")
+        setup = build(run, device, summary, probe, warn)
 
         # ---- resume
-        ckpt_dir = run_dir / layout.CHECKPOINTS
-        step, epoch, position = 0, 0, 0
-        best: dict[str, Any] = {"value": None, "step": None, "metrics": {}, "bad_evals": 0}
-        pending: list[torch.Tensor] = []  # per-micro-batch losses since the last log point
         layout.make_private_dir(run_dir)
         writer = MetricsWriter(run_dir / layout.METRICS)
-        checkpoint.remove_temporaries(ckpt_dir)  # writes a kill cut short
-        if fresh:
-            checkpoint.discard(ckpt_dir)
-        state, problems = checkpoint.load_resumable(ckpt_dir, device, RESUME_KEYS)
-        for problem in problems:
-            warn(problem)
-        if problems and state is None:
-            warn("no checkpoint could be loaded: starting over from step 0")
-        if state is None:
-            writer.truncate(0)
-            # readers (the interface's progress bar) learn the length before the first log point
-            # and the metrics' directions and the early-stop metric, so none of them guesses
-            writer.write(records.start_line(time.time(), total, task.metrics, metric))
-        else:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            scaler.load_state_dict(state["scaler"])
-            step, epoch, position = state["step"], state["epoch"], state["position"]
-            best = state["best"]
-            summary["final"], summary["train_loss"] = state["final"], state["train_loss"]
-            pending = list(state["pending_losses"].to(device).unbind()) if state["pending_losses"].numel() else []
-            writer.truncate(state["metrics_offset"])  # drop lines written after this checkpoint
-            set_rng_state(state["rng"])
-            summary["resumed_from_step"] = step
-            log(f"resumed from step {step} (epoch {epoch}, batch {position})")
-
-        def save(name: str) -> None:
-            checkpoint.save({
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": {"step": step, "total": total}, "scaler": scaler.state_dict(),
-                "step": step, "epoch": epoch, "position": position, "best": best,
-                "pending_losses": torch.stack(pending).detach() if pending else torch.zeros(0),
-                "rng": rng_state(), "metrics_offset": writer.offset(),
-                "final": summary["final"], "train_loss": summary["train_loss"],
-            }, ckpt_dir / name, keep_previous=name == checkpoint.LAST)
-
-        def evaluate_and_track() -> bool:
-            """Evaluate, log, keep best.pt; True when early stopping says stop."""
-            values = evaluate(model, task, val_data, device, autocast)
-            writer.write(records.val_line(time.time(), step, epoch, values))
-            summary["final"] = values
-            log(f"eval  step {step:>6}  " + "  ".join(f"{k} {v:.4g}" for k, v in values.items()))
-            if not all(math.isfinite(v) for v in values.values()):
-                return False
-            if records.better(values[metric], best["value"], direction):
-                best.update(value=values[metric], step=step, metrics=values, bad_evals=0)
-                save(checkpoint.BEST)
-                return False
-            best["bad_evals"] += 1
-            return bool(cfg["early_stop_patience"]) and best["bad_evals"] >= cfg["early_stop_patience"]
-
-        def read_pending(weights: bool = False, extra: list[torch.Tensor] | None = None
-                         ) -> tuple[list[float], int | None, list[float]]:
-            """The losses since the last log point, the first non-finite step and
-            the `extra` values (the diagnostics'), in one sync.
-
-            With `weights`, also whether every parameter is finite (the last
-            update can break the weights before any loss shows it): if not,
-            this step is the diverged one.
-            """
-            parts = [torch.stack(pending).float()] if pending else []
-            if extra:
-                parts.append(torch.stack(extra).to(device))
-            if weights:
-                finite = torch.stack([p.isfinite().all() for p in model.parameters()]).all()
-                parts.append(torch.where(finite, 0.0, math.nan).reshape(1).to(device))
-            if not parts:
-                return [], None, []
-            values = torch.cat(parts).tolist()
-            weights_ok = math.isfinite(values.pop()) if weights else True
-            extras = values[len(values) - len(extra or ()):]
-            del values[len(values) - len(extras):]
-            for i, v in enumerate(values):
-                if not math.isfinite(v):
-                    return values, step - (len(values) - 1 - i) // accumulate, extras
-            return values, None if weights_ok else step, extras
+        state = resume(setup, run_dir, writer, fresh=fresh, summary=summary, warn=warn, log=log)
+        checkpointer = Checkpointer(setup, run_dir / layout.CHECKPOINTS, writer, summary)
+        validator = Validator(setup, writer, summary, log, checkpointer)
 
         # ---- the loop
-        model.train()
+        setup.model.train()
         status = states.COMPLETED
-        log(f"run {run.id} {run.experiment} {run.variant or ''} seed {run.seed}: {total} steps on "
-            f"{summary['device']} ({precision})")
-        loader = train_loader(task.train_data, cfg, seed=run.seed, collate_fn=collate,
-                              cuda=device.type == "cuda")
-        non_blocking = loader.pin_memory
-        samples = tokens = 0
-        interval_start, interval_steps, train_time = time.perf_counter(), 0, 0.0
-        total_samples = total_tokens = 0
-        micro = 0
-        stop_early = False
-        while step < total and not stop_early and status == states.COMPLETED:
-            start_epoch(loader, run.seed, epoch, position)
-            for batch in diag.batches(loader):
-                samples += count(batch)
-                if task.count_tokens:
-                    tokens += task.count_tokens(batch)
-                batch = to_device(batch, device, non_blocking=non_blocking)
-                probe.before_step(step + 1, batch)
-                with autocast:
-                    loss = task.loss(step_model, batch)
-                pending.append(loss.detach())
-                scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
-                micro += 1
-                if micro % accumulate:
-                    continue
-                lr = lr_at(step, cfg, total)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                if (unused := diag.unused()):
-                    summary["unused_parameters"] = unused
-                    warn(unused_warning(unused))
-                log_now = (step + 1) % cfg["log_every"] == 0 or step + 1 == total or (
-                    position + accumulate >= steps_per_epoch * accumulate)
-                if cfg["clip_grad"]:
-                    scaler.unscale_(optimizer)
-                    diag.clip_grads()
-                elif log_now:
-                    scaler.unscale_(optimizer)  # what scaler.step would do: the same update
-                    diag.measure_norm()
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                step += 1
-                position += accumulate
-                interval_steps += 1
-                last_of_epoch = position >= steps_per_epoch * accumulate
+        log(f"run {run.id} {run.experiment} {run.variant or ''} seed {run.seed}: {setup.total} steps "
+            f"on {summary['device']} ({setup.precision})")
+        loader = training_loader(setup)
+        meter = Meter(setup, state, writer, summary, log)
+        for micro, batch in enumerate(micro_batches(loader, setup, state), start=1):
+            meter.count(batch)
+            forward_backward(setup, state, to_device(batch, device, non_blocking=loader.pin_memory),
+                             probe)
+            if micro % setup.accumulate:
+                continue
+            if (unused := setup.diagnostics.unused()):
+                summary["unused_parameters"] = unused
+                warn(unused_warning(unused))
+            log_now = meter.due(state)
+            lr = step_once(setup, state, measure_norm=log_now)
+            if log_now and (bad_step := meter.log_point(state, lr)) is not None:
+                status = diverged(summary, bad_step, "non-finite loss", log)
+                break
+            epoch_ended = state.end_epoch_if_done(setup)
+            if validator.due(state, epoch_ended):
+                validator.evaluate(state)
+                meter.restart_interval()
+            stopping = should_stop() and state.step < setup.total and not validator.stop
+            # an evaluation gave NaN or Inf: look at the weights now, even with nothing to save
+            bad_step = checkpointer.after_step(state, epoch_ended=epoch_ended,
+                                               stopping=stopping or validator.stop,
+                                               check=validator.nonfinite_step == state.step)
+            if bad_step is not None:  # nothing was saved: the last checkpoint stays the good one
+                status = diverged(summary, bad_step, "non-finite loss or weights", log)
+                break
+            if stopping:
+                status = states.INTERRUPTED
+                log(f"interrupted at step {state.step}: checkpoint saved")
+                break
+            if state.step >= setup.total or validator.stop:
+                break
 
-                if log_now:
-                    losses, bad_step, read = read_pending(extra=diag.device_values())  # the one host sync
-                    elapsed = time.perf_counter() - interval_start
-                    train_time += elapsed
-                    total_samples += samples
-                    total_tokens += tokens
-                    if bad_step is not None:
-                        summary["diverged_step"] = bad_step
-                        status = states.DIVERGED
-                        log(f"diverged: non-finite loss at step {bad_step}")
-                        break
-                    mean_loss, speed = sum(losses) / len(losses), samples / elapsed if elapsed else None
-                    writer.write(records.train_line(
-                        time.time(), step, epoch, mean_loss, lr, speed, elapsed / interval_steps,
-                        counts_tokens=bool(task.count_tokens),
-                        tokens_per_s=tokens / elapsed if elapsed else None,
-                        diagnostics=diag.line(read, elapsed)))
-                    summary["train_loss"] = mean_loss
-                    log(f"train step {step:>6}/{total}  epoch {epoch}  loss {mean_loss:.4f}  "
-                        f"lr {lr:.3g}  {speed or 0:,.0f} samples/s")
-                    pending.clear()
-                    samples = tokens = interval_steps = 0
-                    interval_start = time.perf_counter()
+        # ---- the end
+        summary.update(status=status, step=state.step, epoch=state.epoch)
+        summary["weights_sha256"] = checkpoint.weights_sha256(setup.model.state_dict())
+        summary["best"], summary["best_step"] = state.best["metrics"], state.best["step"]
+        meter.summarize()
+        validator.report_early_stop(state)
+    except Exception as exc:
+        record_exception(summary, exc, device, state, run.trainer["detect_anomaly"], log)
+    finally:
+        if writer is not None:
+            writer.close()
+    summary["peak_memory_bytes"] = peak_memory(device, setup.diagnostics.peak if setup else 0)
+    summary["ended_at"] = time.time()
+    summary["wall_time_s"] = summary["ended_at"] - started
+    return summary
 
-                if last_of_epoch:
-                    epoch, position = epoch + 1, 0
-                evaluate_now = (cfg["eval_every"] and step % cfg["eval_every"] == 0) or (
-                    not cfg["eval_every"] and last_of_epoch) or step == total
-                if evaluate_now:
-                    stop_early = evaluate_and_track()
-                    interval_start = time.perf_counter()
-                stopping = should_stop() and step < total and not stop_early
-                checkpoint_now = last_of_epoch or step == total or stop_early or stopping or (
-                    cfg["checkpoint_every"] and step % cfg["checkpoint_every"] == 0)
-                bad_eval = evaluate_now and not all(math.isfinite(v) for v in summary["final"].values())
-                if checkpoint_now or bad_eval:
-                    bad_step = read_pending(weights=True)[1]
-                    if bad_step is not None:  # never save a diverged state
-                        summary["diverged_step"] = bad_step
-                        status = states.DIVERGED
-                        log(f"diverged: non-finite loss or weights at step {bad_step}")
-                        break
-                    if checkpoint_now:
-                        save(checkpoint.LAST)
-                if stopping:
-                    status = states.INTERRUPTED
-                    log(f"interrupted at step {step}: checkpoint saved")
-                    break
-                if step >= total or stop_early or last_of_epoch:
-                    break
 
-        summary.update(status=status, step=step, epoch=epoch)
-        summary["weights_sha256"] = checkpoint.weights_sha256(model.state_dict())
-        summary["best"], summary["best_step"] = best["metrics"], best["step"]
-        if train_time:
-            summary["data_wait"] = min(1.0, diag.total_waited / train_time)
-            summary["samples_per_s"] = total_samples / train_time
-            summary["tokens_per_s"] = total_tokens / train_time if task.count_tokens else None
-        if stop_early:
-            log(f"early stop at step {step}: no better {metric} in {cfg['early_stop_patience']} evaluations")
-    except environment.EnvironmentProblem as exc:
+def new_summary(run: RunSpec, started: float) -> dict[str, Any]:
+    """The run's summary.json before it starts: failed at step 0 until it says otherwise."""
+    return records.Summary(
+        run_id=run.id, experiment=run.experiment, variant=run.variant, ablation=run.ablation,
+        seed=run.seed, task=run.task, status=states.FAILED, step=0, epoch=0, started_at=started,
+        torch_version=torch.__version__).to_json()
+
+
+def diverged(summary: dict[str, Any], step: int, what: str, log: Callable[[str], None]) -> str:
+    summary["diverged_step"] = step
+    log(f"diverged: {what} at step {step}")
+    return states.DIVERGED
+
+
+def record_exception(summary: dict[str, Any], exc: Exception, device: torch.device,
+                     state: TrainState | None, anomaly_mode: bool,
+                     log: Callable[[str], None]) -> None:
+    """What ended the run early, in the summary: the environment, memory, a
+    non-finite value caught by anomaly mode (diverged, not failed), or a failure."""
+    step = state.step if state else 0
+    if isinstance(exc, environment.EnvironmentProblem):
         summary.update(status=states.FAILED, error=str(exc))
         log(str(exc))
-    except torch.OutOfMemoryError as exc:
+    elif isinstance(exc, torch.OutOfMemoryError):
         summary.update(status=states.OOM, error=f"out of memory: {exc}")
         if device.type == "cuda":
             print(torch.cuda.memory_summary(device), file=sys.stderr)
         log(f"out of memory: {exc}")
-    except RuntimeError as exc:
-        if not (cfg["detect_anomaly"] and (found := ANOMALY.search(str(exc)))):
-            failed(summary, exc)
-        else:  # a non-finite value, found by anomaly mode in the backward: diverged, not failed
-            summary.update(status=states.DIVERGED, step=step, diverged_step=step + 1,
-                           error=str(exc).splitlines()[0])
-            summary["divergence"] = {"step": step + 1, "phase": "backward", "op": found.group(1)}
-            log(f"diverged: anomaly mode found {found.group(1)} returning NaN at step {step + 1}")
-    except Exception as exc:
+    elif isinstance(exc, RuntimeError) and anomaly_mode and (found := ANOMALY.search(str(exc))):
+        summary.update(status=states.DIVERGED, step=step, diverged_step=step + 1,
+                       error=str(exc).splitlines()[0])
+        summary["divergence"] = {"step": step + 1, "phase": "backward", "op": found.group(1)}
+        log(f"diverged: anomaly mode found {found.group(1)} returning NaN at step {step + 1}")
+    else:
         failed(summary, exc)
-    finally:
-        if writer is not None:
-            writer.close()
-    summary["peak_memory_bytes"] = peak_memory(device, diag.peak if diag else 0)
-    summary["ended_at"] = time.time()
-    summary["wall_time_s"] = summary["ended_at"] - started
-    return summary
 
 
 def failed(summary: dict[str, Any], exc: BaseException) -> None:

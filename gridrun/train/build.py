@@ -1,0 +1,124 @@
+"""The build phase: from a run spec to everything its loop needs, made once.
+
+`build` seeds, makes the task, the model and its optimizer, picks the precision
+and works out how long the run is; it writes what it learns into the summary as
+it goes, so a run that fails half-way built still says how far it got. The
+`Setup` it returns is what the loop and its collaborators read and never
+replace; the state that changes step by step is `state.TrainState`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from gridrun.spec import RunSpec
+from gridrun.tasks import Task, resolve
+from gridrun.train import environment, levers
+from gridrun.train.data import count_samples, train_loader, val_loader
+from gridrun.train.diagnostics import Diagnostics, model_facts
+from gridrun.train.optim import build_optimizer
+from gridrun.train.seeding import seed_everything, set_determinism
+
+if TYPE_CHECKING:
+    from gridrun.train.trainer import Probe
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    if precision != "auto":
+        return precision
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
+@dataclass(frozen=True, eq=False)
+class Setup:
+    """One run's built parts: fixed for the run, read by every phase."""
+
+    cfg: Mapping[str, Any]  # the run's trainer keys
+    seed: int
+    device: torch.device
+    task: Task
+    model: torch.nn.Module
+    step_model: torch.nn.Module  # the model as the step calls it (compiled when asked)
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    autocast: Any  # a context manager: torch.autocast, or nothing for fp32
+    precision: str
+    diagnostics: Diagnostics
+    val_data: DataLoader
+    count_samples: Callable[[Any], int]
+    steps_per_epoch: int
+    total: int  # optimizer steps in the whole run
+    metric: str  # the early-stop metric
+    direction: str  # records.LOWER or records.HIGHER: which way `metric` improves
+
+    @property
+    def accumulate(self) -> int:
+        return self.cfg["accumulate"]
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """The micro-batches an epoch trains on (a partial step's are never drawn)."""
+        return self.steps_per_epoch * self.cfg["accumulate"]
+
+
+def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Probe,
+          warn: Callable[[str], None]) -> Setup:
+    """Seed, then build `run` on `device`; `probe` sees the model before anything wraps it."""
+    cfg = run.trainer
+    summary["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    if device.type == "cpu" and environment.gpus_given() is not None:  # only as stand-ins
+        warn(f"CUDA_VISIBLE_DEVICES={environment.gpus_given()} are stand-ins "
+             f"({environment.STAND_INS}=1): trained on the CPU")
+    summary["determinism"] = set_determinism(cfg["deterministic"], compiled=cfg["compile"])
+    summary["environment"] = environment.describe(device, summary["determinism"])
+    torch.autograd.set_detect_anomaly(cfg["detect_anomaly"])
+    seed_everything(run.seed)
+    task: Task = resolve(run.task)(**run.task_args)
+    model = task.model.to(device)
+    summary["parameters"], summary["dtype"] = model_facts(model)
+    levers.checkpoint_modules(model, cfg["checkpoint_modules"])
+    probe.attach(model)
+    precision = resolve_precision(cfg["precision"], device)
+    summary["precision"] = precision
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    autocast = (torch.autocast(device.type, dtype=dtype) if dtype else nullcontext())
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    optimizer = build_optimizer(model.parameters(), cfg)
+    step_model = levers.compiled(model, cfg)
+    diagnostics = Diagnostics(model, device, cfg["clip_grad"])
+    accumulate, batch_size = cfg["accumulate"], cfg["batch_size"]
+    steps_per_epoch = len(task.train_data) // batch_size // accumulate
+    if steps_per_epoch < 1:
+        raise ValueError(f"the training set has {len(task.train_data)} samples: fewer than one "
+                         f"step of batch_size x accumulate = {batch_size * accumulate}")
+    total = steps_per_epoch * cfg["epochs"]
+    if cfg["max_steps"]:
+        total = min(total, cfg["max_steps"])
+    summary["total_steps"] = total
+    metric = cfg["early_stop_metric"] or next(iter(task.metrics))
+    if metric not in task.metrics:
+        raise ValueError(f"early_stop_metric {metric!r} is not a metric of task {run.task!r}: "
+                         f"it reports {', '.join(task.metrics)}")
+    summary["metrics"], summary["early_stop_metric"] = dict(task.metrics), metric
+    val_data = val_loader(task.val_data, cfg, seed=run.seed, collate_fn=task.collate_fn,
+                          cuda=device.type == "cuda")
+    return Setup(cfg=cfg, seed=run.seed, device=device, task=task, model=model,
+                 step_model=step_model, optimizer=optimizer, scaler=scaler, autocast=autocast,
+                 precision=precision, diagnostics=diagnostics, val_data=val_data,
+                 count_samples=task.count_samples or count_samples,
+                 steps_per_epoch=steps_per_epoch, total=total, metric=metric,
+                 direction=task.metrics[metric])
+
+
+def training_loader(setup: Setup) -> DataLoader:
+    """The run's one training loader; `step.micro_batches` points it at each epoch."""
+    return train_loader(setup.task.train_data, setup.cfg, seed=setup.seed,
+                        collate_fn=setup.task.collate_fn, cuda=setup.device.type == "cuda")

@@ -1,0 +1,126 @@
+"""What a run carries from step to step, and how it survives a restart.
+
+`TrainState` is the part of a run that changes as it trains (where it is, the
+best evaluation, the losses not yet logged); `resume` is the phase that brings
+it back from the last checkpoint (or starts the metrics log afresh), and the
+`Checkpointer` decides when to write it and refuses to write a diverged one.
+What a checkpoint holds is the exact-resume contract: the weights, optimizer,
+scaler, every RNG state, the data position and the metrics log's length, so a
+resumed run ends bit for bit where an uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gridrun.runs import layout, records
+from gridrun.runs.runlog import MetricsWriter
+from gridrun.train import checkpoint
+from gridrun.train.build import Setup
+from gridrun.train.meter import read_pending
+from gridrun.train.seeding import rng_state, set_rng_state
+
+# what a checkpoint must hold to resume from it (see TrainState.checkpoint)
+RESUME_KEYS = ("model", "optimizer", "scaler", "step", "epoch", "position", "best",
+               "pending_losses", "rng", "metrics_offset", "final", "train_loss")
+
+
+def no_best() -> dict[str, Any]:
+    return {"value": None, "step": None, "metrics": {}, "bad_evals": 0}
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0
+    position: int = 0  # micro-batches into the epoch
+    best: dict[str, Any] = field(default_factory=no_best)  # the evaluation best in the metric
+    pending: list[torch.Tensor] = field(default_factory=list)  # losses since the last log point
+
+    def end_epoch_if_done(self, setup: Setup) -> bool:
+        """After a step: whether it was the epoch's last; if so, move to the next epoch's start."""
+        if self.position < setup.batches_per_epoch:
+            return False
+        self.epoch, self.position = self.epoch + 1, 0
+        return True
+
+    def checkpoint(self, setup: Setup, metrics_offset: int, summary: dict[str, Any]) -> dict[str, Any]:
+        """The checkpoint of this state: RESUME_KEYS, plus the schedule's place for readers."""
+        return {
+            "model": setup.model.state_dict(), "optimizer": setup.optimizer.state_dict(),
+            "scheduler": {"step": self.step, "total": setup.total},
+            "scaler": setup.scaler.state_dict(),
+            "step": self.step, "epoch": self.epoch, "position": self.position, "best": self.best,
+            "pending_losses": torch.stack(self.pending).detach() if self.pending else torch.zeros(0),
+            "rng": rng_state(), "metrics_offset": metrics_offset,
+            "final": summary["final"], "train_loss": summary["train_loss"],
+        }
+
+
+def resume(setup: Setup, run_dir: Path, writer: MetricsWriter, *, fresh: bool,
+           summary: dict[str, Any], warn: Callable[[str], None],
+           log: Callable[[str], None]) -> TrainState:
+    """The state to train from: the last usable checkpoint's, loaded into the setup's
+    model, optimizer, scaler and the RNGs; else step 0 and a new metrics log."""
+    folder = run_dir / layout.CHECKPOINTS
+    checkpoint.remove_temporaries(folder)  # writes a kill cut short
+    if fresh:
+        checkpoint.discard(folder)
+    saved, problems = checkpoint.load_resumable(folder, setup.device, RESUME_KEYS)
+    for problem in problems:
+        warn(problem)
+    if problems and saved is None:
+        warn("no checkpoint could be loaded: starting over from step 0")
+    if saved is None:
+        writer.truncate(0)
+        # readers (the interface's progress bar) learn the length before the first log point
+        # and the metrics' directions and the early-stop metric, so none of them guesses
+        writer.write(records.start_line(time.time(), setup.total, setup.task.metrics, setup.metric))
+        return TrainState()
+    setup.model.load_state_dict(saved["model"])
+    setup.optimizer.load_state_dict(saved["optimizer"])
+    setup.scaler.load_state_dict(saved["scaler"])
+    losses = saved["pending_losses"]
+    state = TrainState(step=saved["step"], epoch=saved["epoch"], position=saved["position"],
+                       best=saved["best"],
+                       pending=list(losses.to(setup.device).unbind()) if losses.numel() else [])
+    summary["final"], summary["train_loss"] = saved["final"], saved["train_loss"]
+    writer.truncate(saved["metrics_offset"])  # drop lines written after this checkpoint
+    set_rng_state(saved["rng"])
+    summary["resumed_from_step"] = state.step
+    log(f"resumed from step {state.step} (epoch {state.epoch}, batch {state.position})")
+    return state
+
+
+class Checkpointer:
+    """Decides when last.pt is written (every `checkpoint_every` steps, at each
+    epoch's end, at the last step and when the run stops) and writes it, and
+    best.pt when asked; it never writes a state whose losses or weights are not
+    finite, and reads them (one host sync) only when it might write."""
+
+    def __init__(self, setup: Setup, folder: Path, writer: MetricsWriter, summary: dict[str, Any]):
+        self.setup, self.folder, self.writer, self.summary = setup, folder, writer, summary
+
+    def save(self, name: str, state: TrainState) -> None:
+        checkpoint.save(state.checkpoint(self.setup, self.writer.offset(), self.summary),
+                        self.folder / name, keep_previous=name == checkpoint.LAST)
+
+    def after_step(self, state: TrainState, *, epoch_ended: bool, stopping: bool,
+                   check: bool = False) -> int | None:
+        """Save last.pt if it is time; with `check`, look for divergence even if it is not.
+        Returns the diverged step (and saves nothing) when the state is not finite."""
+        every = self.setup.cfg["checkpoint_every"]
+        due = epoch_ended or state.step == self.setup.total or stopping or (
+            bool(every) and state.step % every == 0)
+        if not (due or check):
+            return None
+        diverged_step = read_pending(self.setup, state, weights=True)[1]
+        if diverged_step is None and due:
+            self.save(checkpoint.LAST, state)
+        return diverged_step

@@ -1,0 +1,67 @@
+"""One optimizer step: the micro-batches it trains on, their forward and
+backward, then the update.
+
+Nothing here reads a value back to the host: the losses go to
+`TrainState.pending` on the device, for the meter's one read at a log point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data import DataLoader
+
+from gridrun.train.build import Setup
+from gridrun.train.data import start_epoch
+from gridrun.train.optim import lr_at
+from gridrun.train.state import TrainState
+
+if TYPE_CHECKING:
+    from gridrun.train.trainer import Probe
+
+
+def micro_batches(loader: DataLoader, setup: Setup, state: TrainState) -> Iterator[Any]:
+    """The training batches from where `state` stands to the run's last step,
+    epoch after epoch: a new epoch starts once the loop has moved `state` to it.
+    The loop stops asking when it is done, so no epoch is started for nothing."""
+    while state.step < setup.total:
+        epoch = state.epoch
+        start_epoch(loader, setup.seed, epoch, state.position)
+        for batch in setup.diagnostics.batches(loader):
+            yield batch
+            if state.epoch != epoch:
+                break
+
+
+def forward_backward(setup: Setup, state: TrainState, batch: Any, probe: Probe) -> None:
+    """One micro-batch of the step to come: its loss kept on the device, its
+    gradients added to those of the step's other micro-batches."""
+    probe.before_step(state.step + 1, batch)
+    with setup.autocast:
+        loss = setup.task.loss(setup.step_model, batch)
+    state.pending.append(loss.detach())
+    accumulate = setup.accumulate
+    setup.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
+
+
+def step_once(setup: Setup, state: TrainState, *, measure_norm: bool) -> float:
+    """Update the weights from the accumulated gradients and count the step in
+    `state`; returns the step's learning rate. The gradient norm is measured
+    when clipping (it comes free) or when asked (at log points)."""
+    optimizer, scaler, diag = setup.optimizer, setup.scaler, setup.diagnostics
+    lr = lr_at(state.step, setup.cfg, setup.total)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    if setup.cfg["clip_grad"]:
+        scaler.unscale_(optimizer)
+        diag.clip_grads()
+    elif measure_norm:
+        scaler.unscale_(optimizer)  # what scaler.step would do: the same update
+        diag.measure_norm()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+    state.position += setup.accumulate
+    return lr

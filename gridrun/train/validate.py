@@ -1,0 +1,86 @@
+"""Evaluation: when the loop validates, what it writes, the best evaluation so
+far (best.pt) and early stopping.
+
+The best evaluation lives in `TrainState.best`, so a checkpoint carries it and
+a resumed run counts its evaluations without improvement where it left off.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from gridrun.runs import records
+from gridrun.runs.runlog import MetricsWriter
+from gridrun.tasks import Task
+from gridrun.train import checkpoint
+from gridrun.train.build import Setup
+from gridrun.train.data import to_device
+from gridrun.train.state import Checkpointer, TrainState
+
+
+@torch.inference_mode()
+def evaluate(model: torch.nn.Module, task: Task, loader: Any, device: torch.device,
+             autocast: Any) -> dict[str, float]:
+    """The task's validation metrics over the whole validation set, in eval mode."""
+    was_training = model.training
+    model.eval()
+    sums: dict[str, Any] = {}
+    counts: dict[str, Any] = {}
+    for batch in loader:
+        with autocast:
+            out = task.evaluate(model, to_device(batch, device, non_blocking=True))
+        for name, (s, n) in out.items():
+            sums[name] = sums.get(name, 0) + torch.as_tensor(s, device=device, dtype=torch.float64)
+            counts[name] = counts.get(name, 0) + torch.as_tensor(n, device=device, dtype=torch.float64)
+    model.train(was_training)
+    names = list(sums)
+    values = torch.stack([sums[k] / counts[k] for k in names]).tolist()  # one sync
+    return dict(zip(names, values, strict=True))
+
+
+class Validator:
+    """Decides when to evaluate (every `eval_every` steps, else at each epoch's
+    end, and at the last step), writes the val line, keeps best.pt and says when
+    early stopping ends the run (`stop`)."""
+
+    def __init__(self, setup: Setup, writer: MetricsWriter, summary: dict[str, Any],
+                 log: Callable[[str], None], checkpointer: Checkpointer):
+        self.setup, self.writer, self.summary, self.log = setup, writer, summary, log
+        self.checkpointer = checkpointer
+        self.stop = False  # early stopping: no better metric in `early_stop_patience` evaluations
+        self.nonfinite_step: int | None = None  # the latest evaluation with a NaN or Inf in it
+
+    def due(self, state: TrainState, epoch_ended: bool) -> bool:
+        every = self.setup.cfg["eval_every"]
+        return bool(every and state.step % every == 0) or (
+            not every and epoch_ended) or state.step == self.setup.total
+
+    def evaluate(self, state: TrainState) -> None:
+        """Evaluate, log, keep best.pt; sets `stop` when early stopping says so."""
+        setup, best = self.setup, state.best
+        values = evaluate(setup.model, setup.task, setup.val_data, setup.device, setup.autocast)
+        self.writer.write(records.val_line(time.time(), state.step, state.epoch, values))
+        self.summary["final"] = values
+        self.log(f"eval  step {state.step:>6}  "
+                 + "  ".join(f"{k} {v:.4g}" for k, v in values.items()))
+        self.stop = False
+        if not all(math.isfinite(v) for v in values.values()):
+            self.nonfinite_step = state.step
+            return
+        if records.better(values[setup.metric], best["value"], setup.direction):
+            best.update(value=values[setup.metric], step=state.step, metrics=values, bad_evals=0)
+            self.checkpointer.save(checkpoint.BEST, state)
+            return
+        best["bad_evals"] += 1
+        patience = setup.cfg["early_stop_patience"]
+        self.stop = bool(patience) and best["bad_evals"] >= patience
+
+    def report_early_stop(self, state: TrainState) -> None:
+        if self.stop:
+            self.log(f"early stop at step {state.step}: no better {self.setup.metric} in "
+                     f"{self.setup.cfg['early_stop_patience']} evaluations")
