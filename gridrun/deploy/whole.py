@@ -88,7 +88,8 @@ def refusal(fmt: str, exc: BaseException) -> str:
         f = frames[-1]
         where = f" at {Path(f.filename).name}:{f.lineno}" + (f" `{f.line.strip()}`" if f.line else "")
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    what = f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
+    first = lines[0].split(" (")[0].split(". ")[0][:160] if lines else ""
+    what = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     hint = ""
     text = str(exc)
     if "data-dependent" in text or "GuardOnDataDependent" in type(exc).__name__:
