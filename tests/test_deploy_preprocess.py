@@ -249,6 +249,16 @@ def test_predict_refuses_a_wrong_input_in_one_line(exports, tmp_path):
     assert result.exit_code == 2 and "no such file" in result.output
 
 
+def test_predict_without_pillow_says_how_to_read_an_image(root, exports, tmp_path, monkeypatch):
+    png = write_pngs(root, tmp_path, 1)[0][0]
+    monkeypatch.setitem(sys.modules, "PIL", None)  # import PIL now raises ImportError
+    monkeypatch.setitem(sys.modules, "PIL.Image", None)
+    result = invoke("predict", str(exports["shapes", "with-preprocess"][0]), str(png))
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "reading val0.png needs Pillow: pip install pillow" in result.output
+    assert "or give the image as a .npy" in result.output
+
+
 def test_predict_pads_a_static_model_and_serves_sort_from_json(exports, tmp_path):
     seq = {"x": [5, 3, 9, 1, 2], "mask": [True] * 5}
     (tmp_path / "seq.json").write_text(json.dumps(seq))

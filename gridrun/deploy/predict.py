@@ -31,11 +31,13 @@ class PredictError(Exception):
 def _import(name: str, why: str) -> Any:
     import importlib
 
+    top = name.split(".")[0]
     try:
         return importlib.import_module(name)
     except ImportError:
-        raise PredictError(f"{why} needs {name.split('.')[0]}: "
-                           f"{INSTALL.get(name.split('.')[0], 'pip install ' + name)}") from None
+        raise PredictError(f"{why} needs {'Pillow' if top == 'PIL' else top}: "
+                           f"{INSTALL.get(top, 'pip install ' + top)}"
+                           + (" (or give the image as a .npy)" if top == "PIL" else "")) from None
 
 
 def describe(spec: dict[str, Any], card: dict[str, Any] | None = None) -> str:
