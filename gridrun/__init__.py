@@ -7,20 +7,29 @@ What users import, and all they need to:
 
 Everything else (`gridrun.spec`, `gridrun.train`, `gridrun.runs`, ...) is
 internal and may move; ARCHITECTURE.md maps it. Nothing here imports torch
-until it is used.
+until it is used, and nothing at all until asked: `gridrun predict` serves an
+exported model without importing any task or training code.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gridrun.tasks import Task
-
 __version__ = "0.1.0"
-__all__ = ["Task", "__version__", "load_run"]
+__all__ = ["InputInfo", "Task", "__version__", "load_run"]
 
 if TYPE_CHECKING:
     from gridrun.deploy.model import LoadedRun
+    from gridrun.tasks import InputInfo, Task
+
+
+def __getattr__(name: str) -> Any:
+    """`gridrun.Task` and `gridrun.InputInfo`, imported on first use."""
+    if name in ("Task", "InputInfo"):
+        import gridrun.tasks
+
+        return getattr(gridrun.tasks, name)
+    raise AttributeError(f"module 'gridrun' has no attribute {name!r}")
 
 
 def load_run(path_or_id: Any, root: Any = None) -> LoadedRun:

@@ -9,7 +9,18 @@ from __future__ import annotations
 
 import typer
 
-from gridrun.commands import analysis, deploy, doctor, engine, plan, remove, train, tui, verify
+from gridrun.commands import (
+    analysis,
+    deploy,
+    doctor,
+    engine,
+    plan,
+    predict,
+    remove,
+    train,
+    tui,
+    verify,
+)
 
 app = typer.Typer(
     name="gridrun",
@@ -19,7 +30,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (tui, plan, train, engine, remove, analysis, doctor, verify, deploy):
+for module in (tui, plan, train, engine, remove, analysis, doctor, verify, deploy, predict):
     module.register(app)
 
 

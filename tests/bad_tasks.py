@@ -218,3 +218,34 @@ def weight_normed() -> Task:
         first = nn.utils.weight_norm(nn.Linear(4, 8))
     return _task(nn.Sequential(first, nn.ReLU(),
                                nn.utils.parametrizations.weight_norm(nn.Linear(8, 2))))
+
+
+class _Scale(nn.Module):
+    """Raw uint8 features -> the model's input: x / 255."""
+
+    def forward(self, raw: torch.Tensor) -> torch.Tensor:
+        return raw.float() / 255
+
+
+def _raw(n: int, seed: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (n, 4), generator=g, dtype=torch.uint8)
+    return TensorDataset(raw, (raw.float().sum(1) > 510).long())
+
+
+def preprocess_forgotten() -> Task:
+    """The data path feeds raw.float() (0..255): the preprocess (0..1) is not what trained."""
+    raw_train, raw_val = _raw(64, 0), _raw(64, 1)
+    train, val = (TensorDataset(r.tensors[0].float(), r.tensors[1]) for r in (raw_train, raw_val))
+    return _task(train_data=train, val_data=val, preprocess=_Scale(), raw_val_data=raw_val)
+
+
+def preprocess_without_raw() -> Task:
+    return _task(preprocess=_Scale())
+
+
+def preprocess_applied() -> Task:
+    """Correct: the data path calls the preprocess the task declares."""
+    prep, raw_train, raw_val = _Scale(), _raw(64, 0), _raw(64, 1)
+    train, val = (TensorDataset(prep(r.tensors[0]), r.tensors[1]) for r in (raw_train, raw_val))
+    return _task(train_data=train, val_data=val, preprocess=prep, raw_val_data=raw_val)

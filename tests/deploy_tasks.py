@@ -43,3 +43,31 @@ def branchy(n: int = 300) -> Task:
     data = TensorDataset(x, y)
     return Task(model=Branchy(), train_data=data, val_data=data, loss=loss, evaluate=evaluate,
                 metrics={"loss": "lower"})
+
+
+class PerBatchScale(nn.Module):
+    """Scales raw uint8 values by their batch's maximum, read as a Python number:
+    torch.export cannot export a value read out of the input."""
+
+    def forward(self, raw: torch.Tensor) -> torch.Tensor:
+        return raw.float() / float(raw.max())
+
+
+def unexportable(n: int = 64) -> Task:
+    """A preprocess that trains and evaluates but cannot be exported."""
+    g = torch.Generator().manual_seed(0)
+    raw = torch.randint(1, 256, (n, 2), generator=g, dtype=torch.uint8)
+    y = (raw[:, 0] > raw[:, 1]).long()
+    prep = PerBatchScale()
+    data = TensorDataset(torch.stack([prep(r[None])[0] for r in raw]), y)
+
+    def loss(model, batch):
+        return F.cross_entropy(model(batch[0]), batch[1])
+
+    def evaluate(model, batch):
+        logits = model(batch[0])
+        return {"loss": (F.cross_entropy(logits, batch[1], reduction="sum"), batch[1].numel())}
+
+    return Task(model=nn.Linear(2, 2), train_data=data, val_data=data, loss=loss,
+                evaluate=evaluate, metrics={"loss": "lower"}, preprocess=prep,
+                raw_val_data=TensorDataset(raw, y))

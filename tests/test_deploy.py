@@ -29,11 +29,11 @@ TINY = {
 }
 
 
-def make_run(root: Path, task: str, run_id: str) -> Path:
+def make_run(root: Path, task: str, run_id: str, task_args: dict | None = None) -> Path:
     cfg = {k: key.default for k, key in TRAINER_KEYS.items()}
     cfg.update(epochs=1, batch_size=32, lr=3e-3, log_every=4)
     run = RunSpec(id=run_id, experiment="deploy", variant="", seed=1, task=task, trainer=cfg,
-                  task_args=TINY[task], axes={})
+                  task_args=TINY[task] if task_args is None else task_args, axes={})
     folder = layout.make_private_dir(root / "deploy" / run_id)
     write_run_config(folder / layout.CONFIG, run)
     summary = worker.json_safe(train(run, folder, log=lambda s: None))

@@ -29,6 +29,9 @@ MISTAKES = {
     "bad_count_tokens": ["count_tokens failed", "ZeroDivisionError: division by zero"],
     "factory_raises": ["the factory failed", "ValueError: width 8 is not supported", "width=8"],
     "not_a_task": ["the factory returned dict, not a Task"],
+    "preprocess_forgotten": ["val_data's samples are not preprocess(raw)", "sample 0",
+                             "differs by up to", "call the task's preprocess"],
+    "preprocess_without_raw": ["preprocess is declared but raw_val_data is not"],
 }
 
 
@@ -121,7 +124,7 @@ def test_a_problem_in_some_cells_names_them(tmp_path):
 
 
 @pytest.mark.parametrize("task", ["bad_tasks:good", "bad_tasks:dict_batches", "bad_tasks:weight_normed",
-                                  "spirals", "shapes", "sort"])
+                                  "bad_tasks:preprocess_applied", "spirals", "shapes", "sort"])
 def test_correct_tasks_pass_without_a_word(tmp_path, task):
     spec = write(tmp_path, f'[experiments.ok]\ntask = "{task}"\ngrid = {{ lr = [1e-3, 1e-2] }}\n')
     code, out, err = gridrun("plan", "--check", "--json", str(spec))

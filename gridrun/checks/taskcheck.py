@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch.utils.data import default_collate
 
+from gridrun.checks.rawcheck import check_preprocess
 from gridrun.spec import RunSpec, format_value
 from gridrun.spec.errors import LineIndex, Problem, nearest
 from gridrun.tasks import Task, resolve
@@ -287,6 +288,8 @@ def check_task(task_name: str, task_args: Mapping[str, Any], *, seed: int = 0,
     found += [p for p in val_found if p.replace("val_data", "train_data") not in found]
     if val is not None and metrics:
         _eval_step(task, task.model, val, metrics, found)
+    if val is not None:
+        check_preprocess(task, found, describe)
     return found, notes, metrics and dict(metrics)
 
 

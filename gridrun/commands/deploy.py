@@ -42,17 +42,28 @@ def register(app: typer.Typer) -> None:
             "--atol", min=0, help="Absolute tolerance (default per dtype: 1e-4 for float32).")] = None,
         rtol: Annotated[float | None, typer.Option(
             "--rtol", min=0, help="Relative tolerance (default per dtype: 1e-3 for float32).")] = None,
+        with_preprocess: Annotated[bool | None, typer.Option(
+            "--with-preprocess/--no-preprocess", show_default=False,
+            help="Export the task's preprocess and the model as one graph whose input is the raw "
+            "sample (e.g. a uint8 image), or the model alone. Default: with it when the task "
+            "declares one.")] = None,
+        static: Annotated[bool, typer.Option(
+            "--static", help="Fix every input dimension: the batch at the example's size, a "
+            "dimension with a max (sort's length) at its max; smaller inputs are fed padded. "
+            "The sizes go to model.json.")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print parity.json instead of the table.")] = False,
         root: RootOption = DEFAULT_ROOT,
     ) -> None:
         """Export a run's model and check it computes what PyTorch computes.
 
         Rebuilds the model through the run's task with its config, loads the checkpoint,
-        exports it with example inputs from the validation data (the batch axis dynamic;
-        for sort also the length), then runs the exported model and PyTorch on validation
-        batches and compares every output and the task's metrics. Writes parity.json and
-        model.json beside the model. Exit 0 when within tolerance, 1 when not (the files
-        are kept, marked), 2 when the run cannot be exported.
+        exports it (with the task's preprocess in front, when it declares one) with example
+        inputs from the validation data (the batch axis dynamic; for sort also the length;
+        --static fixes them), then runs the exported model and PyTorch on validation
+        batches (raw ones with the preprocess) and compares every output, and the task's
+        metrics on the whole validation set. Writes parity.json and model.json beside the
+        model; `gridrun predict` serves the folder. Exit 0 when within tolerance, 1 when
+        not (the files are kept, marked), 2 when the run cannot be exported.
         """
         from gridrun.deploy.model import DeployError, export_model, load_run
         from gridrun.deploy.parity import table
@@ -61,6 +72,7 @@ def register(app: typer.Typer) -> None:
             loaded = load_run(run, root)
             report = export_model(loaded, checkpoint=checkpoint.value, fmt=fmt.value, out=output,
                                   batches=batches, atol=atol, rtol=rtol,
+                                  preprocess=with_preprocess, static=static,
                                   log=lambda line: typer.echo(line, err=True))
         except DeployError as e:
             fail(str(e))

@@ -1,8 +1,13 @@
 """From a finished run to a deployable model.
 
-    model    load_run (a run folder -> config, summary, metrics, model) and export_model
-    formats  ONNX, torch.export (.pt2) and TorchScript exporters
-    parity   the exported model against PyTorch on validation batches
+    model     load_run (a run folder -> config, summary, metrics, model) and export_model
+    formats   ONNX, torch.export (.pt2) and TorchScript exporters; the Signature
+    whole     the task's preprocess and the model as one module (--with-preprocess)
+    static    fixed sizes, padding and cutting back (--static)
+    parity    the exported model against PyTorch on validation batches
+    describe  model.json
+    predict   `gridrun predict`: an export folder served from model.json alone
 
-Imports `gridrun.train`, `gridrun.runs`, `gridrun.spec` and `gridrun.tasks`.
+Imports `gridrun.train`, `gridrun.runs`, `gridrun.spec` and `gridrun.tasks`;
+`predict` imports nothing of gridrun (NumPy, onnxruntime or torch, Pillow).
 """

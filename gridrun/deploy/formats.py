@@ -6,7 +6,8 @@ handed to the task's own `evaluate` in place of the PyTorch model.
 A `Signature` names what the model is called with: the task's `inputs(batch)`
 (default: the batch's first tensor) bound to the model's `forward` parameters,
 and which axes are dynamic (the task's `dynamic_shapes`; default: axis 0 of
-every input, one shared `batch` dimension).
+every input, one shared `batch` dimension), or with `static`, the size each of
+those axes is fixed at (static.py).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import io
 import logging
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from gridrun.deploy import static as fixed
 from gridrun.tasks import Task
 
 
@@ -84,17 +86,27 @@ class Signature:
     outputs: list[str]
     example_outputs: list[torch.Tensor]
     structure: Any                              # None: a tensor; "seq": a tuple; or the dict keys
+    out_axes: list[dict[int, str]] = field(default_factory=list)  # per output: {axis: dim name}
+    static: dict[str, int] | None = None        # --static: each dimension's fixed size
 
     @classmethod
-    def of(cls, model: torch.nn.Module, task: Task, batch: Any) -> Signature:
-        to_inputs = task.inputs or (lambda b: (first_tensor(b),))
+    def of(cls, model: torch.nn.Module, task: Task, batch: Any, *, static: bool = False,
+           to_inputs: Callable[[Any], Any] | None = None, dynamic: Any = "task") -> Signature:
+        """`to_inputs` and `dynamic` default to the task's `inputs` and `dynamic_shapes`."""
+        to_inputs = to_inputs or task.inputs or (lambda b: (first_tensor(b),))
         sig = cls(forward=inspect.signature(model.forward), to_inputs=to_inputs, inputs={},
                   axes={}, dims={}, outputs=[], example_outputs=[], structure=None)
         sig.inputs = sig.call_inputs(batch)
-        sig.axes, sig.dims = _dynamic(task.dynamic_shapes, sig.inputs)
+        sig.axes, sig.dims = _dynamic(task.dynamic_shapes if dynamic == "task" else dynamic,
+                                      sig.inputs)
+        if static:
+            sig.static = fixed.fixed_sizes(sig.dims, sig.dim_sizes(sig.inputs))
+            sig.inputs = fixed.pad_inputs(sig.inputs, sig.axes, sig.static)
         with torch.inference_mode():
             out = model(**sig.inputs)
         sig.example_outputs, sig.outputs, sig.structure = _flatten(out)
+        sig.out_axes = fixed.output_axes(lambda inputs: _flatten(model(**inputs))[0], sig.inputs,
+                                         sig.axes, sig.example_outputs)
         return sig
 
     def bind(self, args: tuple, kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -119,12 +131,16 @@ class Signature:
             got = (got,)
         return self.bind(tuple(got), {})
 
-    def export_shapes(self) -> dict[str, Any]:
+    def export_shapes(self) -> dict[str, Any] | None:
         """dynamic_shapes for torch.export / torch.onnx.export, keyed by input name."""
+        if self.static is not None:
+            return None
         return {n: ({a: self.dims[d] for a, d in self.axes[n].items()} or None) for n in self.inputs}
 
     def symbolic_shapes(self) -> dict[str, list[int | str]]:
-        return {n: [self.axes[n].get(a, size) for a, size in enumerate(t.shape)]
+        """Each input's shape, a dynamic axis by its dimension's name (static: all sizes)."""
+        axes = {n: {} for n in self.inputs} if self.static is not None else self.axes
+        return {n: [axes[n].get(a, size) for a, size in enumerate(t.shape)]
                 for n, t in self.inputs.items()}
 
     def dim_sizes(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, int]:
@@ -137,17 +153,17 @@ class Signature:
         def bound(v: Any) -> int | None:
             return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
+        if self.static is not None:
+            return {}
         return {d: {"min": bound(getattr(dim, "min", None)), "max": bound(getattr(dim, "max", None))}
                 for d, dim in self.dims.items()}
 
     def output_info(self) -> list[tuple[str, list[int | str], str]]:
-        """Output names, shapes (an axis the size of a dynamic dimension is named) and dtypes."""
-        by_size: dict[int, list[str]] = {}
-        for d, size in self.dim_sizes(self.inputs).items():
-            by_size.setdefault(size, []).append(d)
-        return [(n, [by_size[s][0] if len(by_size.get(s, [])) == 1 else s for s in t.shape],
-                 str(t.dtype).removeprefix("torch."))
-                for n, t in zip(self.outputs, self.example_outputs, strict=True)]
+        """Output names, shapes (an axis that follows a dynamic dimension by its name; static:
+        all sizes) and dtypes."""
+        named = self.out_axes if self.static is None else [{} for _ in self.outputs]
+        return [(n, [axes.get(a, s) for a, s in enumerate(t.shape)], str(t.dtype).removeprefix("torch."))
+                for n, t, axes in zip(self.outputs, self.example_outputs, named, strict=True)]
 
     def rebuild(self, flat: list[torch.Tensor]) -> Any:
         if self.structure is None:

@@ -3,9 +3,11 @@
 `load_run(path_or_id)` turns a run folder into its config, summary, metrics
 and model (rebuilt through the task factory, seeded as in training, the
 checkpoint loaded with `weights_only=True`, in eval mode). `export_model`
-exports that model to ONNX, a `torch.export` archive (`.pt2`) or TorchScript,
-then proves it computes what PyTorch computes on validation batches
-(deploy_parity.py), and writes `parity.json` and `model.json` beside it.
+exports that model (with the task's preprocess in front when it declares one:
+whole.py) to ONNX, a `torch.export` archive (`.pt2`) or TorchScript, dynamic or
+`static` (static.py), then proves it computes what PyTorch computes on
+validation batches (parity.py), and writes `parity.json` and `model.json`
+(describe.py) beside it.
 """
 
 from __future__ import annotations
@@ -128,27 +130,36 @@ class LoadedRun:
         model.load_state_dict(self.state(checkpoint, device)["model"])
         return model.to(device).eval()
 
-    def val_loader(self, device: str | torch.device = "cpu") -> Any:
-        """The validation batches exactly as the trainer iterated them."""
+    def val_loader(self, device: str | torch.device = "cpu", *, raw: bool = False) -> Any:
+        """The validation batches exactly as the trainer iterated them; `raw`: the same
+        batches of the task's `raw_val_data` (before preprocess)."""
         from gridrun.train.data import val_loader
 
-        return val_loader(self.task.val_data, self.spec.trainer, seed=self.spec.seed,
+        data = self.task.raw_val_data if raw else self.task.val_data
+        if data is None:
+            raise DeployError(f"run {self.id}: task {self.spec.task!r} declares no raw_val_data")
+        return val_loader(data, self.spec.trainer, seed=self.spec.seed,
                           collate_fn=self.task.collate_fn, cuda=torch.device(device).type == "cuda")
 
     def evaluate(self, checkpoint: str = "best", device: str | torch.device = "cpu") -> dict[str, float]:
         """The task's validation metrics of a checkpoint, computed the trainer's way."""
+        return self.evaluate_model(self.model(checkpoint, device), self.val_loader(device), device)
+
+    def evaluate_model(self, model: torch.nn.Module, loader: Any,
+                       device: str | torch.device = "cpu") -> dict[str, float]:
+        """The task's metrics of `model` (the run's, or anything called like it: an exported
+        program) over `loader`, computed the trainer's way."""
         from gridrun.train.seeding import set_determinism
         from gridrun.train.trainer import evaluate, resolve_precision
 
         device = torch.device(device)
-        model = self.model(checkpoint, device)
         if device.type == "cuda":
             set_determinism(self.spec.trainer.get("deterministic", True))
         precision = resolve_precision(self.spec.trainer.get("precision", "fp32"), device)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
         autocast = torch.autocast(device.type, dtype=dtype) if dtype else torch.autocast(
             device.type, enabled=False)
-        return evaluate(model, self.task, self.val_loader(device), device, autocast)
+        return evaluate(model, self.task, loader, device, autocast)
 
 
 def load_run(path_or_id: str | os.PathLike, root: str | os.PathLike | None = None) -> LoadedRun:
@@ -172,9 +183,13 @@ def default_output(run: LoadedRun, fmt: str, which: str) -> Path:
 def export_model(run: LoadedRun, *, checkpoint: str = "best", fmt: str = "onnx",
                  out: str | os.PathLike | None = None, batches: int = 3,
                  atol: float | None = None, rtol: float | None = None,
+                 preprocess: bool | None = None, static: bool = False,
                  log: Any = lambda line: None) -> dict[str, Any]:
-    """Export the run's model, check parity, write parity.json and model.json; the report."""
-    from gridrun.deploy import formats, parity
+    """Export the run's model, check parity, write parity.json and model.json; the report.
+    `preprocess`: export the task's preprocess in front of the model (None: when the task
+    declares one); `static`: every input dimension fixed (static.py)."""
+    from gridrun.deploy import describe, formats, parity, whole
+    from gridrun.deploy.static import Padded
 
     if fmt not in FORMATS:
         raise DeployError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
@@ -185,52 +200,47 @@ def export_model(run: LoadedRun, *, checkpoint: str = "best", fmt: str = "onnx",
     layout.make_private_dir(out.parent)
     model = run.model(checkpoint, "cpu")
     task = run.task
-    loader = run.val_loader("cpu")
+    included, note = whole.wanted(task, run.spec.task, preprocess)  # the note goes in the report
+    reference = whole.Whole(task.preprocess, model).eval() if included else model
+    loader = run.val_loader("cpu", raw=included)
     example_batch = next(iter(loader), None)
     if example_batch is None:
         raise DeployError(f"run {run.id}: the validation set is empty: no example input to export with")
-    sig = formats.Signature.of(model, task, example_batch)
-    log(f"exporting run {run.id} ({run.spec.task}, {checkpoint}.pt) to {fmt}: inputs "
+    if included:
+        sig = formats.Signature.of(reference, task, example_batch, static=static,
+                                   to_inputs=lambda b: (formats.first_tensor(b),),
+                                   dynamic=whole.raw_dynamic(task))
+        whole.check_exportable(fmt, task.preprocess, sig.inputs[whole.RAW], sig.export_shapes())
+    else:
+        sig = formats.Signature.of(model, task, example_batch, static=static)
+    log(f"exporting run {run.id} ({run.spec.task}, {checkpoint}.pt{', with its preprocess' * included}) "
+        f"to {fmt}{' (static)' * static}: inputs "
         + ", ".join(f"{n} {formats.shape_text(s)}" for n, s in sig.symbolic_shapes().items()))
 
     started = time.perf_counter()
-    formats.export(fmt, model, sig, out)
+    formats.export(fmt, reference, sig, out)
     export_s = time.perf_counter() - started
-    program = formats.load(fmt, out, sig)
+    program: torch.nn.Module = formats.load(fmt, out, sig)
+    if sig.static is not None:
+        program = Padded(program, sig)
     load_s = time.perf_counter() - started - export_s
 
-    checked = parity.batches_for(run, loader, sig, batches)
-    report = parity.check(model, program, task, sig, checked, fmt=fmt, atol=atol, rtol=rtol)
+    data = task.raw_val_data if included else task.val_data
+    checked = parity.batches_for(run, loader, sig, batches, data)
+    report = parity.check(reference, program, sig, checked, fmt=fmt, atol=atol, rtol=rtol)
+    parity.metrics(report, fmt, run.checkpoint_metrics(checkpoint),
+                   lambda m: run.evaluate_model(m, loader), reference, program, len(data))
+    if note:
+        report.setdefault("notes", []).insert(0, note)
     train_s = run.summary.wall_time_s
     report.update(run_id=run.id, format=fmt, checkpoint=checkpoint, model=out.name,
+                  preprocess=included, static=sig.static,
                   export_s=round(export_s, 3), load_s=round(load_s, 3),
                   train_s=round(train_s, 3) if isinstance(train_s, int | float) else None)
     _write_json(out.parent / PARITY, report)
-    _write_json(out.parent / MODEL_JSON, model_card(run, checkpoint, fmt, out, sig, report))
+    _write_json(out.parent / MODEL_JSON, describe.card(run, checkpoint, fmt, out, sig, report, model,
+                                                       included=included, log=log))
     return report
-
-
-def model_card(run: LoadedRun, which: str, fmt: str, out: Path, sig: Any,
-               report: dict[str, Any]) -> dict[str, Any]:
-    """What a consumer of the exported file needs (model.json)."""
-    import gridrun
-    from gridrun.deploy import formats
-
-    return {
-        "model": out.name, "format": fmt, "run_id": run.id, "experiment": run.spec.experiment,
-        "variant": run.spec.variant, "seed": run.spec.seed, "task": run.spec.task,
-        "task_args": dict(run.spec.task_args), "trainer": dict(run.spec.trainer),
-        "checkpoint": which, "checkpoint_step": run.state(which).get("step"),
-        "metrics": run.checkpoint_metrics(which),
-        "inputs": [{"name": n, "shape": s, "dtype": str(sig.inputs[n].dtype).removeprefix("torch.")}
-                   for n, s in sig.symbolic_shapes().items()],
-        "dynamic_dims": sig.dim_ranges(),
-        "outputs": [{"name": n, "shape": s, "dtype": d} for n, s, d in sig.output_info()],
-        "parity_ok": report["ok"],
-        "versions": {"gridrun": gridrun.__version__, "torch": torch.__version__,
-                     **formats.runtime_versions(fmt)},
-        "load": formats.HOW_TO_LOAD[fmt],
-    }
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:

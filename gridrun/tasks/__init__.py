@@ -11,7 +11,7 @@ built-in tasks' own modules. Users write `from gridrun import Task`.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -22,6 +22,21 @@ BUILTIN: dict[str, str] = {
     "shapes": "gridrun.tasks.shapes:shapes",
     "sort": "gridrun.tasks.sort:sort",
 }
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    """How to build one input of an exported model, for whoever feeds it (model.json).
+
+    layout  the axes after the batch axis, one letter each: "HWC" for an image
+            of height, width and channels, "L" for a sequence; "" when unsaid.
+    range   (low, high): the values the input holds in training, inclusive.
+    note    anything else a consumer must know ("0 is padding").
+    """
+
+    layout: str = ""
+    range: tuple[float, float] | None = None
+    note: str = ""
 
 
 @dataclass
@@ -53,6 +68,22 @@ class Task:
                 a name is a `torch.export.Dim` of that name, shared by the
                 inputs that use it, or give a `Dim` itself (with min/max).
                 Default: axis 0 of every input, one shared "batch" dimension.
+    preprocess  optional `nn.Module` from a batch of raw samples (as they come off
+                disk or the wire, e.g. `uint8` images [batch, H, W, C]) to the
+                model's input (a tensor, or a tuple or dict of the model's
+                inputs). The task's own data path calls it, so training and
+                serving share one definition; `export-model` exports it with
+                the model as one graph whose one input, `raw`, is the raw batch.
+    raw_val_data  with `preprocess`: a map-style Dataset, item i being
+                `val_data[i]` with the model's input in its raw form (e.g.
+                `(uint8 image, label)`), so `preprocess(raw) == val_data`'s
+                input (checked by `plan --check`) and parity can start from raw
+                data.
+    input_info  optional `{input name: InputInfo}`: what each exported input holds
+                (layout, value range, a note), written to model.json; `"raw"`
+                names preprocess's input.
+    class_names optional: a classifier's class names, in the order of its
+                output's last axis (model.json; `gridrun predict` shows top-k).
     """
 
     model: Any
@@ -66,6 +97,10 @@ class Task:
     count_tokens: Callable[[Any], int] | None = None
     inputs: Callable[[Any], Any] | None = None
     dynamic_shapes: Any = None
+    preprocess: Any = None
+    raw_val_data: Any = None
+    input_info: Mapping[str, InputInfo] | None = None
+    class_names: Sequence[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 

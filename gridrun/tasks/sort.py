@@ -1,7 +1,9 @@
 """`sort`: a tiny transformer learns to sort variable-length sequences.
 
 Sequences are padded by the task's `collate_fn`; throughput is counted in
-tokens (padding excluded).
+tokens (padding excluded). Exported models take any length up to `max_len`;
+`export-model --static` fixes the length at `max_len` (shorter sequences are
+fed padded with token 0 and a False mask, which the model ignores).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
-from gridrun.tasks import Task
+from gridrun.tasks import InputInfo, Task
 
 PAD = 0
 
@@ -77,4 +79,7 @@ def sort(vocab: int = 16, dim: int = 32, heads: int = 2, layers: int = 2, min_le
         inputs=lambda batch: {"x": batch["x"], "mask": batch["mask"]},
         # exported models take any batch size and any length up to max_len (the positions)
         dynamic_shapes={"x": {0: "batch", 1: length}, "mask": {0: "batch", 1: length}},
+        # no preprocess: token ids and their mask are the model's input as they are
+        input_info={"x": InputInfo("L", (0, vocab - 1), f"token ids 1..{vocab - 1}; 0 is padding"),
+                    "mask": InputInfo("L", (0, 1), "True at real tokens (x != 0), False at padding")},
     )

@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
-from gridrun.tasks import Task
+from gridrun.tasks import InputInfo, Task
 
 
 def make_spirals(n: int, arms: int, noise: float, seed: int) -> TensorDataset:
@@ -68,4 +68,8 @@ def spirals(
         loss=loss,
         evaluate=evaluate,
         metrics={"loss": "lower", "accuracy": "higher"},
+        # no preprocess: a point is the model's input as it is
+        input_info={"input": InputInfo(range=(-1.2, 1.2), note="a point (x, y) of the plane; "
+                                       "the spirals lie in the unit disc")},
+        class_names=tuple(f"arm {i}" for i in range(arms)),
     )

@@ -1,0 +1,49 @@
+"""`gridrun predict EXPORT_DIR INPUT...`: run an exported model on files, from its folder alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gridrun.commands.common import fail
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("predict")
+    def predict(
+        export_dir: Annotated[Path, typer.Argument(
+            help="The folder export-model wrote (model.json and the model file), or the model file.")],
+        inputs: Annotated[list[Path], typer.Argument(
+            help="Input files: an image (PNG, JPEG, ...; needs Pillow), a .npy (.npz for several "
+            "inputs), or JSON (an array, or an object with one array per input name). A single "
+            "sample or a batch.")],
+        top: Annotated[int, typer.Option("--top", "-k", min=1, help="Classes shown per sample.")] = 3,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the outputs as JSON.")] = False,
+    ) -> None:
+        """Run an exported model on input files, with nothing but its folder.
+
+        Reads model.json (written by export-model), checks each input against it (dtype,
+        shape, layout, value range: a wrong one is refused with what was expected), runs
+        the model file (onnxruntime for ONNX, the loaded program for pt2 and TorchScript)
+        and prints the outputs: for a classifier, the top classes with their softmax
+        probability. Imports no task or training code: proof that the folder is
+        self-contained. Exit 2 on a missing file or a wrong input.
+        """
+        from gridrun.deploy.predict import PredictError, Served, lines, read, result
+
+        found = []
+        try:
+            served = Served(export_dir)
+            for path in inputs:
+                feed = read(path, served)
+                found.append(result(path, feed, served.run(feed), served, top))
+        except PredictError as e:
+            fail(str(e))
+        if as_json:
+            typer.echo(json.dumps(found, indent=1))
+        else:
+            for item in found:
+                typer.echo("\n".join(lines(item, served)))
