@@ -307,3 +307,21 @@ def test_a_preprocess_that_cannot_be_exported_names_the_op_and_the_line(root, tm
     assert len(line.splitlines()) == 1 and "Traceback" not in line
     assert line.startswith("cannot export the task's preprocess to onnx: ")
     assert "deploy_tasks.py:" in line and "float(raw.max())" in line, line
+
+
+def test_shapes_runs_of_the_8_bit_images_never_share_an_id_with_the_float_ones(tmp_path):
+    # the data changed under the same keys (issue 27): the version is a task key, so in the id
+    from gridrun.spec import load_runs
+
+    file = tmp_path / "e.toml"
+    file.write_text('[experiments.s]\ntask = "shapes"\n')
+    (run,) = load_runs(file)
+    assert run.task_args["data_version"] == 2
+    from gridrun.spec.model import run_id
+
+    without = {k: v for k, v in run.task_args.items() if k != "data_version"}
+    assert run.id != run_id(run.experiment, run.task, run.trainer, without, run.seed)
+    from gridrun.tasks.shapes import shapes
+
+    with pytest.raises(ValueError, match="data_version 1 cannot be built"):
+        shapes(data_version=1)

@@ -114,9 +114,19 @@ def cnn(channels: int, classes: int) -> nn.Sequential:
 
 
 def shapes(channels: int = 8, size: int = 16, noise: float = 0.2, train_size: int = 512,
-           val_size: int = 256, augment: bool = True, data_seed: int = 99) -> Task:
+           val_size: int = 256, augment: bool = True, data_seed: int = 99,
+           data_version: int = 2) -> Task:
     """A CNN on drawn squares, discs, crosses and triangles, from 8-bit images.
-    Metrics: loss, accuracy."""
+    Metrics: loss, accuracy.
+
+    `data_version` is in every run id so that runs of different data never
+    share one: version 2 (8-bit raw images, the preprocess exported with the
+    model) replaced version 1 (float32 images with continuous noise), whose
+    numbers this release cannot reproduce."""
+    if data_version != 2:
+        raise ValueError(f"shapes data_version {data_version} cannot be built by this release: "
+                         "only 2 (8-bit images); runs of version 1 keep their records but "
+                         "cannot be replayed")
 
     def loss(model, batch):
         x, y = batch
