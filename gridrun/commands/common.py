@@ -4,12 +4,32 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from typer.core import TyperCommand
+
+from gridrun.runs import states
 
 DEFAULT_ROOT = Path("runs")
+STATES = ", ".join(states.ALL)  # for help texts
+
+
+def choices(enum: type[Enum]) -> str:
+    """An enum's values for a help text, whole: `table, csv or json`."""
+    values = [str(e.value) for e in enum]
+    return ", ".join(values[:-1]) + " or " + values[-1] if len(values) > 1 else values[0]
+
+
+class Command(TyperCommand):
+    """A command whose usage line names a required argument as `FILE`, as the
+    help's own panels do (Typer writes `{FILE}`)."""
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p
+                for p in super().collect_usage_pieces(ctx)]
 
 
 def _given(ctx: typer.Context, name: str) -> bool:
@@ -34,6 +54,7 @@ RootOption = Annotated[
         "--root",
         envvar="GRIDRUN_ROOT",
         help="The runs root (default ./runs, or $GRIDRUN_ROOT, or `gridrun --root DIR CMD`).",
+        metavar="DIR",
         file_okay=False,
         callback=_root,
     ),

@@ -26,22 +26,24 @@ class ModelFormat(StrEnum):
 def register(app: typer.Typer) -> None:
     @app.command("export-model")
     def export_model(
-        run: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough) or a run folder.")],
+        run: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough) or a run folder.",
+                                           metavar="RUN")],
         checkpoint: Annotated[Checkpoint, typer.Option(
             "--checkpoint", help="best.pt (the best validation metric) or last.pt.")] = Checkpoint.best,
         fmt: Annotated[ModelFormat, typer.Option(
             "--format", help="onnx (needs the export extra), pt2 (a torch.export archive) or "
             "torchscript (torch.jit.trace: control flow is frozen at the example).")] = ModelFormat.onnx,
         output: Annotated[Path | None, typer.Option(
-            "-o", "--output", dir_okay=False, help="The model file; parity.json and model.json go "
-            "beside it. Default: RUN_DIR/export/CHECKPOINT/model.onnx (.pt2, .ts.pt).")] = None,
+            "-o", "--output", dir_okay=False, metavar="FILE", help="The model file; parity.json and model.json go "
+            "beside it. Default: model.onnx (model.pt2, model.ts.pt) in the run folder's "
+            "export/best/ (export/last/ with --checkpoint last).")] = None,
         batches: Annotated[int, typer.Option(
-            "--batches", min=0, help="Validation batches to check, besides one of a batch size "
+            "--batches", min=0, metavar="N", help="Validation batches to check, besides one of a batch size "
             "(and for sort a length) not seen at export.")] = 3,
         atol: Annotated[float | None, typer.Option(
-            "--atol", min=0, help="Absolute tolerance (default per dtype: 1e-4 for float32).")] = None,
+            "--atol", min=0, metavar="X", help="Absolute tolerance (default per dtype: 1e-4 for float32).")] = None,
         rtol: Annotated[float | None, typer.Option(
-            "--rtol", min=0, help="Relative tolerance (default per dtype: 1e-3 for float32).")] = None,
+            "--rtol", min=0, metavar="X", help="Relative tolerance (default per dtype: 1e-3 for float32).")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print parity.json instead of the table.")] = False,
         root: RootOption = DEFAULT_ROOT,
     ) -> None:

@@ -18,11 +18,12 @@ from typing import Annotated
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
+from gridrun.commands.common import DEFAULT_ROOT, STATES, RootOption, fail
 
 FileArg = Annotated[Path, typer.Argument(help="The experiment file (TOML).", exists=True,
-                                         dir_okay=False, readable=True)]
-RunsArg = Annotated[list[str], typer.Argument(help="Run ids (unique prefixes are enough).")]
+                                         dir_okay=False, readable=True, metavar="FILE")]
+RunsArg = Annotated[list[str], typer.Argument(help="Run ids (unique prefixes are enough).",
+                                              metavar="RUN...")]
 CheckOption = Annotated[bool, typer.Option(
     "--check/--no-check", help="Build each task once and run one training and one validation "
     "batch on the CPU before queueing (see `gridrun plan --check`).")]
@@ -188,7 +189,9 @@ def engine_stop(root: RootOption = DEFAULT_ROOT,
 
 
 def engine_status(root: RootOption = DEFAULT_ROOT,
-                  as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+                  as_json: Annotated[bool, typer.Option(
+                      "--json", help="One JSON object: running, starting, pid, responding, "
+                      "heartbeat_age, paused, counts, log.")] = False) -> None:
     """Whether the engine runs, and the queue's counts."""
     from gridrun.engine import daemon
 
@@ -213,8 +216,10 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
 
 def ls(root: RootOption = DEFAULT_ROOT,
        as_json: Annotated[bool, typer.Option("--json", help="One JSON array of runs.")] = False,
-       status: Annotated[str | None, typer.Option(help="Only runs in this state.")] = None,
-       experiment: Annotated[str | None, typer.Option(help="Only this experiment.")] = None) -> None:
+       status: Annotated[str | None, typer.Option(
+           help=f"Only runs in this state: {STATES}.", metavar="STATE")] = None,
+       experiment: Annotated[str | None, typer.Option(help="Only this experiment.",
+                                                     metavar="NAME")] = None) -> None:
     """List runs in queue order."""
     with _store(root) as store:
         runs = store.list_runs(status=status, experiment=experiment)
@@ -231,10 +236,11 @@ def ls(root: RootOption = DEFAULT_ROOT,
                    + " · ".join(x for x in (r.where, r.note) if x))
 
 
-def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough).")],
+def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough).",
+                                               metavar="RUN")],
          follow_: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing until the "
                                                "run ends.")] = False,
-         lines: Annotated[int, typer.Option("-n", "--lines", min=0, help="How many of the last "
+         lines: Annotated[int, typer.Option("-n", "--lines", min=0, metavar="N", help="How many of the last "
                                             "lines to print first.")] = 200,
          root: RootOption = DEFAULT_ROOT) -> None:
     """Print the end of a run's output.log (it keeps the first 1 MB and the last ~6-9 MB
@@ -328,7 +334,8 @@ def register(app: typer.Typer) -> None:
     app.command()(retry)
     app.command()(pause)
     app.command()(resume)
-    group = typer.Typer(help="Start, stop or ask about the background engine.", no_args_is_help=True)
+    group = typer.Typer(help="Start, stop or ask about the background engine.", no_args_is_help=True,
+                        rich_markup_mode="markdown")
     group.command("start")(engine_start)
     group.command("stop")(engine_stop)
     group.command("status")(engine_status)

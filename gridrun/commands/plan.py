@@ -12,7 +12,8 @@ import typer
 from gridrun.commands.common import fail
 
 FileArgument = Annotated[
-    Path, typer.Argument(help="The experiment file (TOML).", exists=True, dir_okay=False)
+    Path, typer.Argument(help="The experiment file (TOML).", exists=True, dir_okay=False,
+                         metavar="FILE")
 ]
 
 

@@ -126,7 +126,9 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def train(
         file: FileArgument,
-        run: Annotated[str | None, typer.Argument(help="Run id or unique prefix, as `gridrun plan` prints.")] = None,
+        run: Annotated[str | None, typer.Argument(
+            help="A run id or a unique prefix, as `gridrun plan` prints them (optional when the "
+            "file has one run).", metavar="RUN")] = None,
         root: RootOption = DEFAULT_ROOT,
         fresh: Annotated[bool, typer.Option("--fresh", help="Start over instead of resuming.")] = False,
     ) -> None:
