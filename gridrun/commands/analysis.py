@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, STATES, RootOption, choices, fail
+from gridrun.commands.common import DEFAULT_ROOT, STATES, RootOption, choices, fail, working
 
 
 class Format(StrEnum):
@@ -100,8 +100,8 @@ def export(
 ) -> None:
     """Write runs, metrics or the ablation table to a CSV or Parquet file (atomically:
     the file is complete or not there)."""
-    from gridrun.analysis.ablation import AnalysisError, ablation_table
-    from gridrun.analysis.export import TargetExists, check_target, export_metrics, write_frame
+    from gridrun.analysis.ablation import AnalysisError
+    from gridrun.analysis.export import TargetExists, check_target
     from gridrun.analysis.tables import notes
     from gridrun.runs import runlog, states
 
@@ -113,12 +113,25 @@ def export(
         check_target(out, force)  # before reading every run: refusing is instant
     except (AnalysisError, TargetExists) as exc:
         fail(str(exc))
-    runs = _runs(root, experiment)
-    frame = runs.to_frame()
-    if status is not None:
-        frame = frame[frame["status"] == status]
-        if frame.empty:
-            fail(f"no {status} runs under {root}" + (f" in {experiment!r}" if experiment else ""))
+    with working(f"reading the runs under {root}") as progress:
+        runs = _runs(root, experiment)
+        frame = runs.to_frame()
+        if status is not None:
+            frame = frame[frame["status"] == status]
+            if frame.empty:
+                fail(f"no {status} runs under {root}" + (f" in {experiment!r}" if experiment else ""))
+        progress.update(f"writing {out}")
+        rows, skipped = _write(what, root, out, experiment, status, frame, force)
+    _notes([*notes(runs), *(runlog.skipped_note(n, path) for path, n in skipped.items())])
+    typer.echo(f"wrote {rows:,} rows ({what.value}) to {out}")
+
+
+def _write(what: What, root: Path, out: Path, experiment: str | None, status: str | None,
+           frame: Any, force: bool) -> tuple[int, dict[str, int]]:
+    """Rows written, and the lines skipped in each metrics log read."""
+    from gridrun.analysis.ablation import AnalysisError, ablation_table
+    from gridrun.analysis.export import TargetExists, export_metrics, write_frame
+
     skipped: dict[str, int] = {}
     try:
         if what is What.metrics:
@@ -135,8 +148,7 @@ def export(
         fail(str(exc))
     except OSError as exc:
         fail(f"cannot write {out}: {exc.strerror or exc}")
-    _notes([*notes(runs), *(runlog.skipped_note(n, path) for path, n in skipped.items())])
-    typer.echo(f"wrote {rows:,} rows ({what.value}) to {out}")
+    return rows, skipped
 
 
 def register(app: typer.Typer) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
@@ -15,6 +16,7 @@ from gridrun.runs import states
 
 DEFAULT_ROOT = Path("runs")
 STATES = ", ".join(states.ALL)  # for help texts
+INTERRUPTED = 130  # a command stopped by ctrl-c exits as shells report SIGINT
 
 
 def choices(enum: type[Enum]) -> str:
@@ -86,3 +88,44 @@ def open_store(root: Path) -> Iterator[Any]:
             yield store
     except (StoreDamaged, UnsafeRoot) as e:  # one line each, with what to do
         fail(str(e))
+
+
+class _Silent:
+    """What `working` yields where it shows nothing."""
+
+    def update(self, message: str) -> None:
+        pass
+
+
+class _Spinner:
+    """A spinner and its text in a transient `rich.live.Live` on stderr."""
+
+    def __init__(self, message: str) -> None:
+        from rich.console import Console
+        from rich.live import Live
+        from rich.spinner import Spinner
+
+        self.spinner = Spinner("dots", message, style="green")
+        self.live = Live(self.spinner, console=Console(stderr=True), transient=True,
+                         refresh_per_second=12.5)
+
+    def update(self, message: str) -> None:
+        self.spinner.update(text=message)
+        self.live.refresh()  # now: the next step may hold the interpreter for seconds
+
+
+@contextmanager
+def working(message: str, *, quiet: bool = False) -> Iterator[Any]:
+    """Say what a slow step is doing: a spinner with `message` on stderr while the
+    block runs (its `update(message)` changes the text), on a terminal only:
+    nothing when stderr is piped, nor with `quiet` (`--json`). Lines printed
+    meanwhile appear above it; it is gone when the block ends."""
+    if quiet or not sys.stderr.isatty():
+        yield _Silent()
+        return
+    spinner = _Spinner(message)
+    spinner.live.start(refresh=True)  # drawn before the block starts
+    try:
+        yield spinner
+    finally:
+        spinner.live.stop()

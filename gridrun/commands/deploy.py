@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, working
 
 
 class Checkpoint(StrEnum):
@@ -56,16 +56,21 @@ def register(app: typer.Typer) -> None:
         model.json beside the model. Exit 0 when within tolerance, 1 when not (the files
         are kept, marked), 2 when the run cannot be exported.
         """
-        from gridrun.deploy.model import DeployError, export_model, load_run
-        from gridrun.deploy.parity import table
+        with working("importing torch", quiet=as_json) as status:
+            from gridrun.deploy.model import DeployError, export_model, load_run
+            from gridrun.deploy.parity import table
 
-        try:
-            loaded = load_run(run, root)
-            report = export_model(loaded, checkpoint=checkpoint.value, fmt=fmt.value, out=output,
-                                  batches=batches, atol=atol, rtol=rtol,
-                                  log=lambda line: typer.echo(line, err=True))
-        except DeployError as e:
-            fail(str(e))
+            def said(line: str) -> None:  # export_model says one line, before exporting
+                typer.echo(line, err=True)
+                status.update(f"exporting to {fmt.value}, then checking parity")
+
+            try:
+                loaded = load_run(run, root)
+                status.update(f"building the model of run {loaded.id}")
+                report = export_model(loaded, checkpoint=checkpoint.value, fmt=fmt.value,
+                                      out=output, batches=batches, atol=atol, rtol=rtol, log=said)
+            except DeployError as e:
+                fail(str(e))
         folder = (output.parent if output else loaded.folder / "export" / checkpoint.value)
         if as_json:
             typer.echo(json.dumps(report, indent=1, default=str))

@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, STATES, RootOption, fail
+from gridrun.commands.common import DEFAULT_ROOT, INTERRUPTED, STATES, RootOption, fail, working
 
 FileArg = Annotated[Path, typer.Argument(help="The experiment file (TOML).", exists=True,
                                          dir_okay=False, readable=True, metavar="FILE")]
@@ -73,19 +73,21 @@ def _queue(file: Path, root: Path, force: bool,
         runs, engine = loaded.runs, loaded.engine
         if engine is not None:
             check_backend(engine)
+        from gridrun.runs.layout import root_problems
+
+        unsafe = root_problems(root)  # a symlinked or foreign experiment folder, say
+        if unsafe:
+            fail("\n".join(unsafe))
+        if check:
+            from gridrun.commands.plan import check_or_exit
+
+            check_or_exit(file, runs)
     except SpecError as e:
         fail(f"{e}\nnothing was queued")
     except BackendError as e:
         fail(f"{file}: {e}\nnothing was queued")
-    from gridrun.runs.layout import root_problems
-
-    unsafe = root_problems(root)  # a symlinked or foreign experiment folder, say
-    if unsafe:
-        fail("\n".join(unsafe))
-    if check:
-        from gridrun.commands.plan import check_or_exit
-
-        check_or_exit(file, runs)
+    except KeyboardInterrupt:
+        fail("\ninterrupted: nothing was queued", INTERRUPTED)
     with _store(root) as store:
         queued, skipped = store.enqueue(runs, provenance(file.resolve().parent), force=force)
         if engine is not None:
@@ -119,18 +121,27 @@ def run(file: FileArg,
     from gridrun.engine import daemon
 
     runs, _, _ = _queue(file, root, force, check)
+    where = f"--root {shlex.quote(str(root))}"
+    again = f"`gridrun run {shlex.quote(str(file))} {where}` (it queues nothing new)"
     try:
-        st = daemon.start(root)
+        with working("starting the engine"):
+            st = daemon.start(root)
     except RuntimeError as e:
         fail(str(e), 1)
+    except KeyboardInterrupt:
+        started = daemon.status(root).running
+        fail("\ninterrupted: the runs are queued; the engine "
+             + ("goes on starting in the background" if started
+                else f"did not start (`gridrun engine start {where}`)")
+             + f"; {again} follows them", INTERRUPTED)
     typer.echo(f"engine running (pid {st.pid}); log: {st.log}")
     from gridrun.commands.follow import follow
 
     try:
         ok = follow(root, [r.id for r in runs], live=not wait and sys.stdout.isatty())
     except KeyboardInterrupt:
-        typer.echo(f"\ndetached: the runs go on in the background. Come back with "
-                   f"`gridrun run {file} --root {root}` (it queues nothing new), `gridrun ls` or `gridrun`.")
+        typer.echo(f"\ndetached: the runs go on in the background. Come back with {again}, "
+                   f"`gridrun ls {where}` or `gridrun {where}`.")
         raise typer.Exit(0) from None
     _results(root, file, runs)
     raise typer.Exit(0 if ok else 1)
@@ -167,7 +178,8 @@ def engine_start(root: RootOption = DEFAULT_ROOT,
         raise typer.Exit(daemon.serve(root, until_idle=until_idle))
 
     try:
-        st = daemon.start(root)
+        with working("starting the engine"):
+            st = daemon.start(root)
     except layout.UnsafeRoot as e:
         fail(str(e))
     except RuntimeError as e:
@@ -182,7 +194,8 @@ def engine_stop(root: RootOption = DEFAULT_ROOT,
     from gridrun.engine import daemon
 
     try:
-        stopped = daemon.stop(root, force=force)
+        with working("stopping the engine" + ("" if force else ": running runs checkpoint first")):
+            stopped = daemon.stop(root, force=force)
     except RuntimeError as e:
         fail(str(e), 1)
     typer.echo("engine stopped" if stopped else "the engine was not running")

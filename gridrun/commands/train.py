@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, open_store
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, open_store, working
 from gridrun.commands.plan import FileArgument, load_or_exit
 
 LOCK_TRIES = 50  # the engine's lock probe holds the lock for an instant: try again a little
@@ -168,6 +168,8 @@ def register(app: typer.Typer) -> None:
                 shutil.rmtree(run_dir / layout.CHECKPOINTS, ignore_errors=True)
                 (run_dir / layout.SUMMARY).unlink(missing_ok=True)
             write_run_config(run_dir / layout.CONFIG, chosen)
+            with working("importing torch"):
+                import gridrun.train.trainer  # noqa: F401 - the worker's import, before it prints
             try:
                 code = worker.main(run_dir, fresh=start_over)
             except KeyboardInterrupt:  # before the worker's own handler

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, working
 
 
 def run_folder(run: str, root: Path) -> Path:
@@ -57,8 +57,10 @@ def register(app: typer.Typer) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         from gridrun.checks import verdict
-        from gridrun.checks.verify import VerifyError
-        from gridrun.checks.verify import verify as replay
+
+        with working("importing torch"):
+            from gridrun.checks.verify import VerifyError
+            from gridrun.checks.verify import verify as replay
 
         console = Console(stderr=True)
         try:
