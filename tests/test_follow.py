@@ -88,14 +88,15 @@ def test_narrow_fields_go_least_important_first():
 
 def test_shorten_keeps_values_and_drops_what_every_row_shares():
     assert shorten("hidden=32 lr=0.003", 18) == "hidden=32 lr=0.003"
-    assert shorten("hidden=32 lr=0.003", 14) == "hid=32 lr=0.003"[:0] + "hi=32 lr=0.003"
+    assert shorten("hidden=32 lr=0.003", 15) == "hid=32 lr=0.003"
+    assert shorten("hidden=32 lr=0.003", 14) == "hi=32 lr=0.003"
     assert shorten("hidden=32 lr=0.003", 12) == "h=32 l=0.003"
     assert shorten("hidden=32 lr=0.003", 9) == "32 0.003"
     assert shorten("hidden=32 lr=0.003", 6) == "32 0.…"  # the last resort only
     assert shorten("layers=2 lr=0.01", 12) == "la=2 lr=0.01"  # never two keys alike
     assert forms("sgd") == ["sgd"]
-    assert forms("no-warmup hidden=32") == ["no-warmup hidden=32", *(
-        f"no-warmup {'hidden'[:n]}=32" for n in range(5, 0, -1)), "no-warmup 32"]
+    assert forms("no-warmup hidden=32") == ["no-warmup hidden=32", "no-warmup hid=32",
+                                            "no-warmup hi=32", "no-warmup h=32", "no-warmup 32"]
     shared = Variants.of(["hidden=32 lr=0.003", "hidden=32 lr=0.01"])
     assert shared.shared == {"hidden=32"}
     assert shared.shorten("hidden=32 lr=0.003", 40) == "lr=0.003"

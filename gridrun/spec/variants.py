@@ -6,7 +6,7 @@ cutting `hidden=32 lr=0.003` to `hidden=32 l…` makes two learning rates look
 the same. So a label is shortened from the middle, never losing a value:
 
 1. `key=value` pairs that every row shares are dropped (`Variants.shared`);
-2. the keys are shortened to prefixes, as long as the room allows and never
+2. the keys are cut to their first three letters, then two, then one, never
    shorter than what keeps them apart (`hid=32 lr=0.003`, `h=32 lr=0.003`);
 3. then the keys go (`32 0.003`);
 4. only then is the label cut at its end, with `…`.
@@ -57,10 +57,24 @@ def forms(label: str, drop: frozenset[str] = frozenset()) -> list[str]:
     out = [_join(items, None)]
     keys = [k for k, _ in items if k is not None]
     if keys:
-        least = _distinct_prefix(keys)
-        out += [_join(items, keep) for keep in range(max(map(len, keys)) - 1, least - 1, -1)]
-        out.append(_join(items, 0))
+        out += [_form(items, keep) for keep in KEEPS]
     return list(dict.fromkeys(out))
+
+
+KEEPS = (3, 2, 1, 0)  # the keys' prefixes tried after the whole keys (0: no keys)
+
+
+def form(label: str, keep: int | None, drop: frozenset[str] = frozenset()) -> str:
+    """One of `forms(label, drop)`: keys whole (`keep` None), cut to `keep`
+    characters (never below what keeps them apart), or left out (0)."""
+    return _form([(k, v) for k, v in pairs(label) if k is None or f"{k}={v}" not in drop], keep)
+
+
+def _form(items: list[tuple[str | None, str]], keep: int | None) -> str:
+    if keep:
+        keys = [k for k, _ in items if k is not None]
+        keep = max(keep, _distinct_prefix(keys)) if keys else keep
+    return _join(items, keep)
 
 
 def cut(text: str, width: int) -> str:
@@ -107,6 +121,16 @@ class Variants:
 
     def forms(self, label: str) -> list[str]:
         return forms(label, self.shared)
+
+    def levels(self, labels: Iterable[str]) -> list[tuple[int | None, int]]:
+        """(keep, the widest of `labels` in that form) from whole to keyless: a
+        column takes the first that fits, so its rows share one form."""
+        parsed = [[(k, v) for k, v in pairs(label) if k is None or f"{k}={v}" not in self.shared]
+                  for label in dict.fromkeys(labels)]
+        keyed = any(k for items in parsed for k, _ in items)
+        keeps: list[int | None] = [None, *KEEPS] if keyed else [None]
+        return [(keep, max((len(_form(items, keep)) for items in parsed), default=0))
+                for keep in keeps]
 
     def longest(self, labels: Iterable[str]) -> int:
         """The width the widest label needs whole (shared words left out)."""
