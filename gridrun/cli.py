@@ -17,6 +17,7 @@ from gridrun.commands import (
     engine,
     plan,
     remove,
+    tensorboard,
     train,
     tui,
     verify,
@@ -34,7 +35,7 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 
-for module in (tui, plan, train, engine, remove, analysis, doctor, verify, deploy):
+for module in (tui, plan, train, engine, remove, analysis, doctor, verify, deploy, tensorboard):
     module.register(app)
 
 
