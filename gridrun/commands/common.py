@@ -65,8 +65,14 @@ RootOption = Annotated[
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """End a command with a clean message on stderr (no traceback)."""
-    typer.echo(message, err=True)
+    say(message)
     raise typer.Exit(code)
+
+
+def say(message: str) -> None:
+    """A line on stderr, through `sys.stderr` as it is now: under a `working`
+    spinner, above it (click's echo writes past rich's redirection)."""
+    print(message, file=sys.stderr, flush=True)
 
 
 @contextmanager

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, working
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, say, working
 
 
 class Checkpoint(StrEnum):
@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
             from gridrun.deploy.parity import table
 
             def said(line: str) -> None:  # export_model says one line, before exporting
-                typer.echo(line, err=True)
+                say(line)
                 status.update(f"exporting to {fmt.value}, then checking parity")
 
             try:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, open_store, working
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, open_store, say, working
 
 DEFAULT_LOGDIR = Path("logs")
 
@@ -45,8 +45,7 @@ def sync(root: Path, logdir: Path, prefixes: list[str], writer: Any, *, ended: s
         wrote, bad = writer.run(root, run)
         points, skipped, runs = points + wrote, skipped + bad, runs + (wrote > 0)
         if bad:
-            typer.echo(f"note: {runlog.skipped_note(bad, run.run_dir(root) / 'metrics.jsonl')}",
-                       err=True)
+            say(f"note: {runlog.skipped_note(bad, run.run_dir(root) / 'metrics.jsonl')}")
     return (f"wrote {points:,} scalar{'s' * (points != 1)} of {runs} run{'s' * (runs != 1)} "
             f"to {logdir}")
 
@@ -89,7 +88,8 @@ def register(app: typer.Typer) -> None:
         writer, ended = Sync(logdir), set()
         try:
             with working(f"writing event files to {logdir}"):
-                typer.echo(sync(root, logdir, runs or [], writer, ended=ended))
+                wrote = sync(root, logdir, runs or [], writer, ended=ended)
+            typer.echo(wrote)
             if not serve:
                 return
             _serve(root, logdir, runs or [], writer, ended, port, every)
