@@ -108,7 +108,8 @@ def test_gpus_declared_stand_ins_train_on_the_cpu_and_say_so(tmp_path, monkeypat
 
 
 def test_detect_anomaly_ends_as_diverged_with_the_op_not_failed(tmp_path):
-    s = run_worker(tmp_path, spec("helper_tasks:nan_at", {"step": 3}, detect_anomaly=True))
+    with pytest.warns(UserWarning, match="Error detected in"):  # anomaly mode says where, with the forward's traceback
+        s = run_worker(tmp_path, spec("helper_tasks:nan_at", {"step": 3}, detect_anomaly=True))
     assert s["status"] == states.DIVERGED  # the scheduler does not retry a diverged run
     assert s["diverged_step"] == 3
     d = s["divergence"]
@@ -121,7 +122,8 @@ def test_detect_anomaly_ends_as_diverged_with_the_op_not_failed(tmp_path):
 def test_the_replay_names_the_layer_the_phase_and_the_step(tmp_path):
     # step 11: after the checkpoint at the end of epoch 0 (7 steps: spirals keeps 510 of
     # 512 samples), so the replay resumes from it
-    s = run_worker(tmp_path, spec("helper_tasks:nan_at", {"step": 11}, log_every=1))
+    with pytest.warns(UserWarning, match="Error detected in"):  # the replay runs in anomaly mode
+        s = run_worker(tmp_path, spec("helper_tasks:nan_at", {"step": 11}, log_every=1))
     assert s["status"] == states.DIVERGED and s["diverged_step"] == 11
     d = s["divergence"]
     assert (d["module"], d["type"], d["phase"], d["step"]) == ("body.2", "Poison", "forward", 11)
@@ -132,22 +134,25 @@ def test_the_replay_names_the_layer_the_phase_and_the_step(tmp_path):
 
 
 def test_a_nan_made_in_the_backward_is_named_there(tmp_path):
-    s = run_worker(tmp_path, spec("helper_tasks:nan_grad_at", {"step": 3}, log_every=1))
+    with pytest.warns(UserWarning, match="Error detected in _BadGradBackward"):
+        s = run_worker(tmp_path, spec("helper_tasks:nan_grad_at", {"step": 3}, log_every=1))
     d = s["divergence"]
     assert (d.get("module"), d["phase"], d["step"]) == ("mid", "backward", 3), d
     assert d["op"] == "_BadGradBackward"
 
 
 def test_weights_broken_by_an_update_are_named_with_the_update_phase(tmp_path):
-    s = run_worker(tmp_path, spec("helper_tasks:blowup", {"at": 4}, optimizer="sgd", lr=0.1,
-                                  log_every=1))
+    with pytest.warns(UserWarning, match="Error detected in"):
+        s = run_worker(tmp_path, spec("helper_tasks:blowup", {"at": 4}, optimizer="sgd", lr=0.1,
+                                      log_every=1))
     assert s["status"] == states.DIVERGED and s["diverged_step"] in (4, 5)
     d = s["divergence"]
     assert (d["phase"], d["step"], d["module"], d["parameter"]) == ("update", 4, "0", "0.bias")
 
 
 def test_a_nan_planted_in_the_input_batch_is_reported_as_such(tmp_path):
-    s = run_worker(tmp_path, spec("helper_tasks:nan_sample", {"index": 100}, log_every=1))
+    with pytest.warns(UserWarning, match="Error detected in"):
+        s = run_worker(tmp_path, spec("helper_tasks:nan_sample", {"index": 100}, log_every=1))
     assert s["status"] == states.DIVERGED
     d = s["divergence"]
     assert d["batch_finite"] is False and d["step"] == s["diverged_step"]

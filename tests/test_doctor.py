@@ -202,6 +202,7 @@ def test_truncated_store_is_never_a_silent_empty_queue(copy, file):
 def test_a_root_without_run_folders_has_no_warning(tmp_path, file):
     root = tmp_path / "runs"
     (root / "exp" / "not-a-run").mkdir(parents=True)  # no config.toml: not a run folder
+    root.chmod(0o700)  # private, as gridrun makes roots (else: the warning for a readable root)
     code, out = gridrun("ls", "--root", str(root))
     assert code == 0 and out.strip() == "no runs"
 

@@ -146,11 +146,11 @@ def test_run_results_table_skips_bad_lines(tmp_path):
 def test_follow_progress_skips_bad_lines(tmp_path):
     from types import SimpleNamespace
 
-    from gridrun.commands.follow import _progress
+    from gridrun.commands.follow import Reader, RunLine
 
     folder = layout.make_private_dir(tmp_path / "e" / "r1")
     bad_log(folder)
-    run = SimpleNamespace(id="r1", variant="", seed=0, config={"trainer": {"epochs": 2}},
-                          run_dir=lambda root: folder)
-    line = _progress(run, tmp_path, {}, {})
-    assert "step 20/100" in line and "loss 0.9000" in line  # by steps, as the interface
+    run = SimpleNamespace(id="r1", experiment="e", variant="", seed=0,
+                          config={"trainer": {"epochs": 2}}, run_dir=lambda root: folder)
+    texts = RunLine.of(run, Reader(tmp_path).progress(run)).texts()
+    assert texts["steps"] == "20/100" and texts["loss"] == "loss 0.9"  # by steps, as the interface

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from gridrun.cli import app
@@ -65,7 +66,8 @@ def test_train_needs_a_run_when_the_file_has_several(tmp_path):
 def test_diverged_run_exits_3(tmp_path):
     file = tmp_path / "exp.toml"
     file.write_text(ONE_RUN + 'optimizer = "sgd"\nlr = 1e6\nwarmup = 0\nschedule = "constant"\n')
-    result = CliRunner().invoke(app, ["train", str(file), "--root", str(tmp_path / "r")])
+    with pytest.warns(UserWarning, match="Error detected in"):  # the divergence replay, in anomaly mode
+        result = CliRunner().invoke(app, ["train", str(file), "--root", str(tmp_path / "r")])
     assert result.exit_code == 3, result.output
     assert "diverged" in result.output
 

@@ -303,6 +303,11 @@ def _configs(runs: Sequence[RunSpec]) -> list[Config]:
     return list(by_key.values())
 
 
+def configurations(runs: Sequence[RunSpec]) -> int:
+    """How many distinct task configurations `check_runs` builds for `runs`."""
+    return len(_configs(runs))
+
+
 def _label(config: Config, siblings: Sequence[Config]) -> str:
     """The task keys that tell this configuration apart from the experiment's others."""
     varying = [k for k in config.task_args

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
+from gridrun.commands.common import DEFAULT_ROOT, STATES, RootOption, choices, fail, working
 
 
 class Format(StrEnum):
@@ -56,13 +56,17 @@ def _notes(notes: list[str]) -> None:
 
 
 def compare(
-    experiment: Annotated[str | None, typer.Argument(help="Only this experiment (default: all).")] = None,
-    by: Annotated[str | None, typer.Option("--by", help="Group by these keys, comma-separated "
+    experiment: Annotated[str | None, typer.Argument(help="Only this experiment (default: all).",
+                                                     metavar="EXPERIMENT")] = None,
+    by: Annotated[str | None, typer.Option("--by", metavar="KEYS", help="Group by these keys, comma-separated "
                                            "(default: the keys that vary; never the seed).")] = None,
-    metric: Annotated[str | None, typer.Option("--metric", help="Only this metric.")] = None,
+    metric: Annotated[str | None, typer.Option("--metric", metavar="METRIC",
+                                                help="Only this metric.")] = None,
     final: Annotated[bool, typer.Option("--final", help="The value at the last evaluation "
                                         "instead of the best one (what early stopping keeps).")] = False,
-    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    fmt: Annotated[Format, typer.Option(
+        "--format", metavar="FORMAT", help=f"Output format: {choices(Format)}. csv has columns "
+        "such as loss_mean, loss_std and n.")] = Format.table,
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
     """Mean ± std over seeds per cell, the best cell per metric, deltas vs the baseline."""
@@ -80,22 +84,24 @@ def compare(
 
 
 def export(
-    out: Annotated[Path, typer.Option("-o", "--output", help="The file to write: .csv, or "
+    out: Annotated[Path, typer.Option("-o", "--output", metavar="FILE", help="The file to write: .csv, or "
                                       ".parquet (needs pyarrow).", dir_okay=False)],
-    what: Annotated[What, typer.Option("--what", help="runs: one row per run; metrics: every "
-                                       "logged value, long format; ablation: the compare table.")
+    what: Annotated[What, typer.Option("--what", metavar="WHAT", help="runs: one row per run; "
+                                       "metrics: every logged value, long format; ablation: the "
+                                       "compare table.")
                     ] = What.runs,
-    experiment: Annotated[str | None, typer.Option("--experiment", help="Only this experiment.")] = None,
-    status: Annotated[str | None, typer.Option("--status", help="Only runs in this state "
-                                               "(completed, running, failed, ...).")] = None,
+    experiment: Annotated[str | None, typer.Option("--experiment", metavar="NAME",
+                                                    help="Only this experiment.")] = None,
+    status: Annotated[str | None, typer.Option(
+        "--status", metavar="STATE", help=f"Only runs in this state: {STATES}.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists "
                                         "(never through a symbolic link).")] = False,
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
     """Write runs, metrics or the ablation table to a CSV or Parquet file (atomically:
     the file is complete or not there)."""
-    from gridrun.analysis.ablation import AnalysisError, ablation_table
-    from gridrun.analysis.export import TargetExists, check_target, export_metrics, write_frame
+    from gridrun.analysis.ablation import AnalysisError
+    from gridrun.analysis.export import TargetExists, check_target
     from gridrun.analysis.tables import notes
     from gridrun.runs import runlog, states
 
@@ -107,12 +113,25 @@ def export(
         check_target(out, force)  # before reading every run: refusing is instant
     except (AnalysisError, TargetExists) as exc:
         fail(str(exc))
-    runs = _runs(root, experiment)
-    frame = runs.to_frame()
-    if status is not None:
-        frame = frame[frame["status"] == status]
-        if frame.empty:
-            fail(f"no {status} runs under {root}" + (f" in {experiment!r}" if experiment else ""))
+    with working(f"reading the runs under {root}") as progress:
+        runs = _runs(root, experiment)
+        frame = runs.to_frame()
+        if status is not None:
+            frame = frame[frame["status"] == status]
+            if frame.empty:
+                fail(f"no {status} runs under {root}" + (f" in {experiment!r}" if experiment else ""))
+        progress.update(f"writing {out}")
+        rows, skipped = _write(what, root, out, experiment, status, frame, force)
+    _notes([*notes(runs), *(runlog.skipped_note(n, path) for path, n in skipped.items())])
+    typer.echo(f"wrote {rows:,} rows ({what.value}) to {out}")
+
+
+def _write(what: What, root: Path, out: Path, experiment: str | None, status: str | None,
+           frame: Any, force: bool) -> tuple[int, dict[str, int]]:
+    """Rows written, and the lines skipped in each metrics log read."""
+    from gridrun.analysis.ablation import AnalysisError, ablation_table
+    from gridrun.analysis.export import TargetExists, export_metrics, write_frame
+
     skipped: dict[str, int] = {}
     try:
         if what is What.metrics:
@@ -129,8 +148,7 @@ def export(
         fail(str(exc))
     except OSError as exc:
         fail(f"cannot write {out}: {exc.strerror or exc}")
-    _notes([*notes(runs), *(runlog.skipped_note(n, path) for path, n in skipped.items())])
-    typer.echo(f"wrote {rows:,} rows ({what.value}) to {out}")
+    return rows, skipped
 
 
 def register(app: typer.Typer) -> None:

@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from typer.core import TyperCommand
+
+from gridrun.runs import states
 
 DEFAULT_ROOT = Path("runs")
+STATES = ", ".join(states.ALL)  # for help texts
+INTERRUPTED = 130  # a command stopped by ctrl-c exits as shells report SIGINT
+
+
+def choices(enum: type[Enum]) -> str:
+    """An enum's values for a help text, whole: `table, csv or json`."""
+    values = [str(e.value) for e in enum]
+    return ", ".join(values[:-1]) + " or " + values[-1] if len(values) > 1 else values[0]
+
+
+class Command(TyperCommand):
+    """A command whose usage line names a required argument as `FILE`, as the
+    help's own panels do (Typer writes `{FILE}`)."""
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p
+                for p in super().collect_usage_pieces(ctx)]
 
 
 def _given(ctx: typer.Context, name: str) -> bool:
@@ -34,6 +56,7 @@ RootOption = Annotated[
         "--root",
         envvar="GRIDRUN_ROOT",
         help="The runs root (default ./runs, or $GRIDRUN_ROOT, or `gridrun --root DIR CMD`).",
+        metavar="DIR",
         file_okay=False,
         callback=_root,
     ),
@@ -42,8 +65,14 @@ RootOption = Annotated[
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """End a command with a clean message on stderr (no traceback)."""
-    typer.echo(message, err=True)
+    say(message)
     raise typer.Exit(code)
+
+
+def say(message: str) -> None:
+    """A line on stderr, through `sys.stderr` as it is now: under a `working`
+    spinner, above it (click's echo writes past rich's redirection)."""
+    print(message, file=sys.stderr, flush=True)
 
 
 @contextmanager
@@ -65,3 +94,44 @@ def open_store(root: Path) -> Iterator[Any]:
             yield store
     except (StoreDamaged, UnsafeRoot) as e:  # one line each, with what to do
         fail(str(e))
+
+
+class _Silent:
+    """What `working` yields where it shows nothing."""
+
+    def update(self, message: str) -> None:
+        pass
+
+
+class _Spinner:
+    """A spinner and its text in a transient `rich.live.Live` on stderr."""
+
+    def __init__(self, message: str) -> None:
+        from rich.console import Console
+        from rich.live import Live
+        from rich.spinner import Spinner
+
+        self.spinner = Spinner("dots", message, style="green")
+        self.live = Live(self.spinner, console=Console(stderr=True), transient=True,
+                         refresh_per_second=12.5)
+
+    def update(self, message: str) -> None:
+        self.spinner.update(text=message)
+        self.live.refresh()  # now: the next step may hold the interpreter for seconds
+
+
+@contextmanager
+def working(message: str, *, quiet: bool = False) -> Iterator[Any]:
+    """Say what a slow step is doing: a spinner with `message` on stderr while the
+    block runs (its `update(message)` changes the text), on a terminal only:
+    nothing when stderr is piped, nor with `quiet` (`--json`). Lines printed
+    meanwhile appear above it; it is gone when the block ends."""
+    if quiet or not sys.stderr.isatty():
+        yield _Silent()
+        return
+    spinner = _Spinner(message)
+    spinner.live.start(refresh=True)  # drawn before the block starts
+    try:
+        yield spinner
+    finally:
+        spinner.live.stop()

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, say, working
 
 
 class Checkpoint(StrEnum):
@@ -26,22 +26,24 @@ class ModelFormat(StrEnum):
 def register(app: typer.Typer) -> None:
     @app.command("export-model")
     def export_model(
-        run: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough) or a run folder.")],
+        run: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough) or a run folder.",
+                                           metavar="RUN")],
         checkpoint: Annotated[Checkpoint, typer.Option(
             "--checkpoint", help="best.pt (the best validation metric) or last.pt.")] = Checkpoint.best,
         fmt: Annotated[ModelFormat, typer.Option(
             "--format", help="onnx (needs the export extra), pt2 (a torch.export archive) or "
             "torchscript (torch.jit.trace: control flow is frozen at the example).")] = ModelFormat.onnx,
         output: Annotated[Path | None, typer.Option(
-            "-o", "--output", dir_okay=False, help="The model file; parity.json and model.json go "
-            "beside it. Default: RUN_DIR/export/CHECKPOINT/model.onnx (.pt2, .ts.pt).")] = None,
+            "-o", "--output", dir_okay=False, metavar="FILE", help="The model file; parity.json and model.json go "
+            "beside it. Default: model.onnx (model.pt2, model.ts.pt) in the run folder's "
+            "export/best/ (export/last/ with --checkpoint last).")] = None,
         batches: Annotated[int, typer.Option(
-            "--batches", min=0, help="Validation batches to check, besides one of a batch size "
+            "--batches", min=0, metavar="N", help="Validation batches to check, besides one of a batch size "
             "(and for sort a length) not seen at export.")] = 3,
         atol: Annotated[float | None, typer.Option(
-            "--atol", min=0, help="Absolute tolerance (default per dtype: 1e-4 for float32).")] = None,
+            "--atol", min=0, metavar="X", help="Absolute tolerance (default per dtype: 1e-4 for float32).")] = None,
         rtol: Annotated[float | None, typer.Option(
-            "--rtol", min=0, help="Relative tolerance (default per dtype: 1e-3 for float32).")] = None,
+            "--rtol", min=0, metavar="X", help="Relative tolerance (default per dtype: 1e-3 for float32).")] = None,
         with_preprocess: Annotated[bool | None, typer.Option(
             "--with-preprocess/--no-preprocess", show_default=False,
             help="Export the task's preprocess and the model as one graph whose input is the raw "
@@ -65,17 +67,22 @@ def register(app: typer.Typer) -> None:
         model; `gridrun predict` serves the folder. Exit 0 when within tolerance, 1 when
         not (the files are kept, marked), 2 when the run cannot be exported.
         """
-        from gridrun.deploy.model import DeployError, export_model, load_run
-        from gridrun.deploy.parity import table
+        with working("importing torch", quiet=as_json) as status:
+            from gridrun.deploy.model import DeployError, export_model, load_run
+            from gridrun.deploy.parity import table
 
-        try:
-            loaded = load_run(run, root)
-            report = export_model(loaded, checkpoint=checkpoint.value, fmt=fmt.value, out=output,
-                                  batches=batches, atol=atol, rtol=rtol,
-                                  preprocess=with_preprocess, static=static,
-                                  log=lambda line: typer.echo(line, err=True))
-        except DeployError as e:
-            fail(str(e))
+            def said(line: str) -> None:  # export_model says one line, before exporting
+                say(line)
+                status.update(f"exporting to {fmt.value}, then checking parity")
+
+            try:
+                loaded = load_run(run, root)
+                status.update(f"building the model of run {loaded.id}")
+                report = export_model(loaded, checkpoint=checkpoint.value, fmt=fmt.value,
+                                      out=output, batches=batches, atol=atol, rtol=rtol,
+                                      preprocess=with_preprocess, static=static, log=said)
+            except DeployError as e:
+                fail(str(e))
         folder = (output.parent if output else loaded.folder / "export" / checkpoint.value)
         if as_json:
             typer.echo(json.dumps(report, indent=1, default=str))

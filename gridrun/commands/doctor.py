@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, working
 
 
 def doctor(root: RootOption = DEFAULT_ROOT,
@@ -25,7 +25,8 @@ def doctor(root: RootOption = DEFAULT_ROOT,
     if rebuild:
         _rebuild(root, force, as_json)
         return
-    results = checks.run_checks(root)
+    with working("checking the root, the store, the engine and the GPUs", quiet=as_json):
+        results = checks.run_checks(root)
     if as_json:
         typer.echo(json.dumps([c.to_dict() for c in results], indent=1))
     else:
@@ -38,7 +39,8 @@ def _rebuild(root, force: bool, as_json: bool) -> None:
     from gridrun.checks import doctor as checks
 
     try:
-        out = checks.rebuild(root, force=force)
+        with working("rebuilding the queue from the run folders", quiet=as_json):
+            out = checks.rebuild(root, force=force)
     except checks.RebuildRefused as e:
         fail(str(e))
     if as_json:

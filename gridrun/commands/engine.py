@@ -18,11 +18,12 @@ from typing import Annotated
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
+from gridrun.commands.common import DEFAULT_ROOT, INTERRUPTED, STATES, RootOption, fail, working
 
 FileArg = Annotated[Path, typer.Argument(help="The experiment file (TOML).", exists=True,
-                                         dir_okay=False, readable=True)]
-RunsArg = Annotated[list[str], typer.Argument(help="Run ids (unique prefixes are enough).")]
+                                         dir_okay=False, readable=True, metavar="FILE")]
+RunsArg = Annotated[list[str], typer.Argument(help="Run ids (unique prefixes are enough).",
+                                              metavar="RUN...")]
 CheckOption = Annotated[bool, typer.Option(
     "--check/--no-check", help="Build each task once and run one training and one validation "
     "batch on the CPU before queueing (see `gridrun plan --check`).")]
@@ -72,19 +73,21 @@ def _queue(file: Path, root: Path, force: bool,
         runs, engine = loaded.runs, loaded.engine
         if engine is not None:
             check_backend(engine)
+        from gridrun.runs.layout import root_problems
+
+        unsafe = root_problems(root)  # a symlinked or foreign experiment folder, say
+        if unsafe:
+            fail("\n".join(unsafe))
+        if check:
+            from gridrun.commands.plan import check_or_exit
+
+            check_or_exit(file, runs)
     except SpecError as e:
         fail(f"{e}\nnothing was queued")
     except BackendError as e:
         fail(f"{file}: {e}\nnothing was queued")
-    from gridrun.runs.layout import root_problems
-
-    unsafe = root_problems(root)  # a symlinked or foreign experiment folder, say
-    if unsafe:
-        fail("\n".join(unsafe))
-    if check:
-        from gridrun.commands.plan import check_or_exit
-
-        check_or_exit(file, runs)
+    except KeyboardInterrupt:
+        fail("\ninterrupted: nothing was queued", INTERRUPTED)
     with _store(root) as store:
         queued, skipped = store.enqueue(runs, provenance(file.resolve().parent), force=force)
         if engine is not None:
@@ -118,18 +121,27 @@ def run(file: FileArg,
     from gridrun.engine import daemon
 
     runs, _, _ = _queue(file, root, force, check)
+    where = f"--root {shlex.quote(str(root))}"
+    again = f"`gridrun run {shlex.quote(str(file))} {where}` (it queues nothing new)"
     try:
-        st = daemon.start(root)
+        with working("starting the engine"):
+            st = daemon.start(root)
     except RuntimeError as e:
         fail(str(e), 1)
+    except KeyboardInterrupt:
+        started = daemon.status(root).running
+        fail("\ninterrupted: the runs are queued; the engine "
+             + ("goes on starting in the background" if started
+                else f"did not start (`gridrun engine start {where}`)")
+             + f"; {again} follows them", INTERRUPTED)
     typer.echo(f"engine running (pid {st.pid}); log: {st.log}")
     from gridrun.commands.follow import follow
 
     try:
         ok = follow(root, [r.id for r in runs], live=not wait and sys.stdout.isatty())
     except KeyboardInterrupt:
-        typer.echo(f"\ndetached: the runs go on in the background. Come back with "
-                   f"`gridrun run {file} --root {root}` (it queues nothing new), `gridrun ls` or `gridrun`.")
+        typer.echo(f"\ndetached: the runs go on in the background. Come back with {again}, "
+                   f"`gridrun ls {where}` or `gridrun {where}`.")
         raise typer.Exit(0) from None
     _results(root, file, runs)
     raise typer.Exit(0 if ok else 1)
@@ -166,7 +178,8 @@ def engine_start(root: RootOption = DEFAULT_ROOT,
         raise typer.Exit(daemon.serve(root, until_idle=until_idle))
 
     try:
-        st = daemon.start(root)
+        with working("starting the engine"):
+            st = daemon.start(root)
     except layout.UnsafeRoot as e:
         fail(str(e))
     except RuntimeError as e:
@@ -181,14 +194,17 @@ def engine_stop(root: RootOption = DEFAULT_ROOT,
     from gridrun.engine import daemon
 
     try:
-        stopped = daemon.stop(root, force=force)
+        with working("stopping the engine" + ("" if force else ": running runs checkpoint first")):
+            stopped = daemon.stop(root, force=force)
     except RuntimeError as e:
         fail(str(e), 1)
     typer.echo("engine stopped" if stopped else "the engine was not running")
 
 
 def engine_status(root: RootOption = DEFAULT_ROOT,
-                  as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+                  as_json: Annotated[bool, typer.Option(
+                      "--json", help="One JSON object: running, starting, pid, responding, "
+                      "heartbeat_age, paused, counts, log.")] = False) -> None:
     """Whether the engine runs, and the queue's counts."""
     from gridrun.engine import daemon
 
@@ -213,8 +229,10 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
 
 def ls(root: RootOption = DEFAULT_ROOT,
        as_json: Annotated[bool, typer.Option("--json", help="One JSON array of runs.")] = False,
-       status: Annotated[str | None, typer.Option(help="Only runs in this state.")] = None,
-       experiment: Annotated[str | None, typer.Option(help="Only this experiment.")] = None) -> None:
+       status: Annotated[str | None, typer.Option(
+           help=f"Only runs in this state: {STATES}.", metavar="STATE")] = None,
+       experiment: Annotated[str | None, typer.Option(help="Only this experiment.",
+                                                     metavar="NAME")] = None) -> None:
     """List runs in queue order."""
     with _store(root) as store:
         runs = store.list_runs(status=status, experiment=experiment)
@@ -231,10 +249,11 @@ def ls(root: RootOption = DEFAULT_ROOT,
                    + " · ".join(x for x in (r.where, r.note) if x))
 
 
-def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough).")],
+def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough).",
+                                               metavar="RUN")],
          follow_: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing until the "
                                                "run ends.")] = False,
-         lines: Annotated[int, typer.Option("-n", "--lines", min=0, help="How many of the last "
+         lines: Annotated[int, typer.Option("-n", "--lines", min=0, metavar="N", help="How many of the last "
                                             "lines to print first.")] = 200,
          root: RootOption = DEFAULT_ROOT) -> None:
     """Print the end of a run's output.log (it keeps the first 1 MB and the last ~6-9 MB
@@ -328,7 +347,8 @@ def register(app: typer.Typer) -> None:
     app.command()(retry)
     app.command()(pause)
     app.command()(resume)
-    group = typer.Typer(help="Start, stop or ask about the background engine.", no_args_is_help=True)
+    group = typer.Typer(help="Start, stop or ask about the background engine.", no_args_is_help=True,
+                        rich_markup_mode="markdown")
     group.command("start")(engine_start)
     group.command("stop")(engine_stop)
     group.command("status")(engine_status)

@@ -9,10 +9,11 @@ from typing import Annotated
 
 import typer
 
-from gridrun.commands.common import fail
+from gridrun.commands.common import fail, working
 
 FileArgument = Annotated[
-    Path, typer.Argument(help="The experiment file (TOML).", exists=True, dir_okay=False)
+    Path, typer.Argument(help="The experiment file (TOML).", exists=True, dir_okay=False,
+                         metavar="FILE")
 ]
 
 
@@ -27,11 +28,21 @@ def load_or_exit(file: Path, *, force: bool = False):
         fail(f"{err}\n{n} problem{'s' if n != 1 else ''} in {file}; nothing was changed.")
 
 
-def check_tasks(file: Path, runs):
-    """The task check's report; every note on stderr (notes never block)."""
-    from gridrun.checks.taskcheck import check_runs
+def check_tasks(file: Path, runs, *, quiet: bool = False):
+    """The task check's report; every note on stderr (notes never block). On a
+    terminal a spinner says what it does (importing torch takes seconds)."""
+    with working("importing torch and the tasks", quiet=quiet) as status:
+        from gridrun.checks.taskcheck import check_runs, configurations
 
-    report = check_runs(runs, file)
+        total, done = configurations(runs), 0
+
+        def checked(config) -> None:
+            nonlocal done
+            done += 1
+            status.update(f"checking the tasks: {done} of {total} configurations done")
+
+        status.update(f"checking the tasks: 0 of {total} configurations done")
+        report = check_runs(runs, file, progress=checked)
     for note in report.notes:
         typer.echo(str(note), err=True)
     return report
@@ -84,7 +95,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Validate an experiment file and list the runs it expands to."""
         runs = load_or_exit(file, force=force)
-        report = check_tasks(file, runs) if check else None
+        report = check_tasks(file, runs, quiet=as_json) if check else None
         if as_json:
             out = {"runs": [
                 {"id": r.id, "experiment": r.experiment, "variant": r.variant, "ablation": r.ablation,

@@ -16,7 +16,8 @@ from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, open_store
 
 
 def rm(
-    runs: Annotated[list[str], typer.Argument(help="Run ids (unique prefixes are enough).")],
+    runs: Annotated[list[str], typer.Argument(help="Run ids (unique prefixes are enough).",
+                                              metavar="RUN...")],
     delete_folders: Annotated[bool, typer.Option(
         "--delete-folders", help="Also delete the runs' folders (metrics, checkpoints, "
         "output). Without it they stay on disk.")] = False,

@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, open_store
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, open_store, working
 from gridrun.commands.plan import FileArgument, load_or_exit
 
 LOCK_TRIES = 50  # the engine's lock probe holds the lock for an instant: try again a little
@@ -126,7 +126,9 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def train(
         file: FileArgument,
-        run: Annotated[str | None, typer.Argument(help="Run id or unique prefix, as `gridrun plan` prints.")] = None,
+        run: Annotated[str | None, typer.Argument(
+            help="A run id or a unique prefix, as `gridrun plan` prints them (optional when the "
+            "file has one run).", metavar="RUN")] = None,
         root: RootOption = DEFAULT_ROOT,
         fresh: Annotated[bool, typer.Option("--fresh", help="Start over instead of resuming.")] = False,
     ) -> None:
@@ -166,6 +168,8 @@ def register(app: typer.Typer) -> None:
                 shutil.rmtree(run_dir / layout.CHECKPOINTS, ignore_errors=True)
                 (run_dir / layout.SUMMARY).unlink(missing_ok=True)
             write_run_config(run_dir / layout.CONFIG, chosen)
+            with working("importing torch"):
+                import gridrun.train.trainer  # noqa: F401 - the worker's import, before it prints
             try:
                 code = worker.main(run_dir, fresh=start_over)
             except KeyboardInterrupt:  # before the worker's own handler

@@ -42,7 +42,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def tui(
         file: Annotated[Path | None, typer.Argument(
-            help="An experiment file to offer for queueing at start.", dir_okay=False)] = None,
+            help="An experiment file to offer for queueing at start.", dir_okay=False,
+            metavar="FILE")] = None,
         root: RootOption = DEFAULT_ROOT,
     ) -> None:
         """Open the interface: watch the queue, curves and GPUs; queue, cancel and compare."""

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, working
 
 
 def run_folder(run: str, root: Path) -> Path:
@@ -36,8 +36,9 @@ def run_folder(run: str, root: Path) -> Path:
 def register(app: typer.Typer) -> None:
     @app.command()
     def verify(
-        run: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough) or a run folder.")],
-        steps: Annotated[int | None, typer.Option("--steps", min=1, help="Replay at most N optimizer "
+        run: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough) or a run folder.",
+                                           metavar="RUN")],
+        steps: Annotated[int | None, typer.Option("--steps", min=1, metavar="N", help="Replay at most N optimizer "
                                                   "steps (the schedule stays the run's own).")] = None,
         from_checkpoint: Annotated[bool, typer.Option(
             "--from-checkpoint", help="Resume the replay from the run's checkpoints/last.pt and "
@@ -56,8 +57,10 @@ def register(app: typer.Typer) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         from gridrun.checks import verdict
-        from gridrun.checks.verify import VerifyError
-        from gridrun.checks.verify import verify as replay
+
+        with working("importing torch"):
+            from gridrun.checks.verify import VerifyError
+            from gridrun.checks.verify import verify as replay
 
         console = Console(stderr=True)
         try:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shlex
 import stat
+import sys
 from pathlib import Path
 
 DEFAULT_ROOT = "runs"
@@ -167,14 +169,35 @@ def _run_folder_problems(experiment_dir: Path) -> list[str]:
 
 def check_root(root: str | os.PathLike) -> Path:
     """Create the root (0700) if it is missing; raise UnsafeRoot if it, or one of
-    gridrun's files in it, is not private to this user."""
+    gridrun's files in it, is not private to this user. A root that group or
+    others can read (a checkout's `runs/` is often 0755) is used, with a
+    one-line warning on stderr, once per process: gridrun never changes it."""
     root = Path(root)
     if not root.exists():
         make_private_dir(root)
     problems = root_problems(root, experiments=False)
     if problems:
         raise UnsafeRoot(problems)
+    warning = readable_warning(root)
+    if warning and str(root) not in _WARNED:
+        _WARNED.add(str(root))
+        print(warning, file=sys.stderr, flush=True)
     return root
+
+
+_WARNED: set[str] = set()  # roots this process has warned about
+
+
+def readable_warning(root: str | os.PathLike) -> str | None:
+    """One line with the chmod to run when group or others can read the root."""
+    try:
+        mode = stat.S_IMODE(os.stat(root).st_mode)
+    except OSError:
+        return None
+    if not mode & 0o077:
+        return None
+    return (f"warning: the runs root {root} is readable by group or others (mode {mode:04o}); "
+            f"make it private with `chmod 700 {shlex.quote(str(root))}`")
 
 
 # ---- making and reading run folders without following symlinks ---------------------------

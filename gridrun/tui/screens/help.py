@@ -35,6 +35,7 @@ class HelpScreen(ModalScreen[None]):
         from gridrun.tui.screens.main import MainScreen
         from gridrun.tui.screens.overlay import OverlayScreen
         from gridrun.tui.screens.sort import CHOICES
+        from gridrun.tui.widgets.columns import LEGEND
         from gridrun.tui.widgets.runs_table import RunsTable
         from gridrun.tui.widgets.textview import TextView
         sort_keys = "  ".join(f"{key} {name.split(' (')[0]}" for key, name in CHOICES.values())
@@ -42,7 +43,7 @@ class HelpScreen(ModalScreen[None]):
                           "run detail": DetailScreen.BINDINGS,
                           "output and config (in the run detail)": TextView.BINDINGS,
                           "overlay": OverlayScreen.BINDINGS, "compare": CompareScreen.BINDINGS},
-                         notes=(f"[b]sort menu[/] (s, then a key): {sort_keys}", "",
+                         notes=(f"[b]sort menu[/] (s, then a key): {sort_keys}", "", LEGEND, "",
                                 "The view (filter, sort, grouping, marks, cursor) is kept per "
                                 "root in tui-state.json and restored on open.", ""))
         with VerticalScroll(classes="dialog wide"):

@@ -24,9 +24,12 @@ from gridrun.tui.widgets.runs_table import RunsTable
 # The actions whose availability depends on the rows or the engine (see check_action).
 KEYED = ("detail", "mark", "overlay", "cancel", "retry", "priority", "clone", "compare",
          "start_engine", "remove")
-# The footer keeps these first when the terminal is narrow; `?` lists every key.
-FOOTER_FIRST = ("detail", "app.help", "app.quit", "queue", "mark", "overlay", "cancel", "retry",
-                "filter", "sort", "start_engine", "pause", "compare", "clone", "group")
+# The footer keeps these first when the terminal is narrow (the first MUST always, in their
+# SHORT words if need be: all of them fit at 80 columns); `?` lists every key.
+FOOTER_FIRST = ("detail", "mark", "queue", "cancel", "retry", "filter", "sort", "app.help",
+                "app.quit", "overlay", "start_engine", "pause", "compare", "clone", "group")
+MUST = 9
+SHORT = {"detail": "open", "queue": "queue", "filter": "find"}
 QUIT = Binding("q", "app.quit", "quit", tooltip="the engine keeps running")
 # keys whose action may not apply to the selection: pressed anyway, they say why (on_key)
 REFUSABLE = {"c": "cancel", "r": "retry", "R": "retry", "plus": "priority", "equals_sign": "priority",
@@ -71,7 +74,7 @@ class MainScreen(Screen):
         yield MachinePanel(id="machine")
         yield RunsTable(self.app.clock, id="runs")
         yield Input(placeholder="filter: words that must all appear (esc clears)", id="filter")
-        yield KeyBar(FOOTER_FIRST)
+        yield KeyBar(FOOTER_FIRST, must=MUST, short=SHORT)
 
     @property
     def table(self) -> RunsTable:

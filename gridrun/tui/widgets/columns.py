@@ -1,9 +1,11 @@
 """The runs table's columns: what each shows and sorts by, and which fit a width.
 
 Plain functions over `RunRow`s, no widget: status, experiment, variant, seed,
-progress, loss and best stay at 80 columns; id, elapsed, eta, samples/s, slot
-and prio come back as the terminal widens; scrolled sideways, status and id
-stay put.
+progress, loss and best stay at 80 columns, the names (experiment, variant)
+as whole as the room allows; id, elapsed, eta, samples/s, slot and prio come
+back as the terminal widens; scrolled sideways, status and id stay put.
+A narrow column's header takes its short name (`loss`, `best↑`), never a
+clipped one; the help screen's legend (LEGEND) says what each stands for.
 """
 
 from __future__ import annotations
@@ -21,9 +23,16 @@ COLUMNS = ("mark", "status", "id", "experiment", "variant", "seed", "progress", 
            "samples/s", "slot", "elapsed", "eta", "prio")
 INDEX = {key: i for i, key in enumerate(COLUMNS)}
 LABELS = {"mark": " ", "samples/s": "smp/s", "loss": "train loss"}  # best: best_label()
-# Least widths; the names grow toward their longest value (up to MAX_WIDTH) when there is room.
-WIDTHS = {"mark": 1, "status": 11, "id": 10, "experiment": 10, "variant": 10, "seed": 4,
-          "progress": fmt.PROGRESS_WIDTH, "loss": 10, "best": 10, "samples/s": 6, "slot": 5,
+SHORT = {"experiment": "exp", "loss": "loss"}  # a header's name where the long one does not fit
+LEGEND = ("[b]columns[/]: exp = experiment; loss (train loss) = the last training loss; "
+          "best↑ (best accuracy↑) = the best validation value of the metric the runs stop early "
+          "on, ↑ higher or ↓ lower is better; smp/s = samples per second (io: waits for its data, "
+          "mem↑: memory grows); prio = queue priority. A variant shows the keys that tell the rows "
+          "apart, shortened (hid=32) before any value goes.")
+# Least widths; the names grow toward their longest value (up to MAX_WIDTH) when there is room,
+# and loss and best toward their long headers.
+WIDTHS = {"mark": 1, "status": 11, "id": 10, "experiment": 6, "variant": 8, "seed": 4,
+          "progress": fmt.PROGRESS_WIDTH, "loss": 8, "best": 8, "samples/s": 6, "slot": 5,
           "elapsed": 7, "eta": 7, "prio": 4}
 # Which columns a narrower terminal keeps: CORE always, then the others in this order.
 CORE = ("mark", "status", "experiment", "variant", "seed", "progress", "loss", "best")
@@ -67,6 +76,15 @@ def cells(r: RunRow, now: float, marked: bool) -> tuple[str, ...]:
             fmt.duration(fmt.eta(r, now)), fmt.num(r.priority) if r.priority else "")
 
 
+def status_counts(rows: list[RunRow]) -> list[tuple[str, str, int]]:
+    """(status, glyph, how many) of `rows`, in the glyphs' order, unknown states last."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[fmt.text(r.status)] = counts.get(fmt.text(r.status), 0) + 1
+    order = (*fmt.GLYPHS, *sorted(set(counts) - set(fmt.GLYPHS)))
+    return [(s, fmt.GLYPHS.get(s, ("?", ""))[0], counts[s]) for s in order if counts.get(s)]
+
+
 def queue_order(r: RunRow, arrival: int) -> tuple:
     """The engine's order: priority, then first queued (then first read)."""
     return (-(fmt.finite(r.priority) or 0.0), fmt.finite(r.queued_at) or 0.0, arrival)
@@ -82,10 +100,11 @@ def matches(r: RunRow, needle: str) -> bool:
 def fit(width: int, want: dict[str, int], skip: int = 0) -> dict[str, int]:
     """Column -> width for a line of `width` cells, in display order.
 
-    The core columns always; then id; then the names grow toward `want` (their
-    longest value); then the other columns in priority order while they fit;
-    what is left widens the names up to MAX_WIDTH. Scrolled sideways (`skip` > 0),
-    the FROZEN columns, then the others in display order from the skip-th on."""
+    The core columns always; the names grow toward `want` (their longest value);
+    then id and the other columns in priority order while they fit; then loss
+    and best toward their long headers; what is left widens the names up to
+    MAX_WIDTH. Scrolled sideways (`skip` > 0), the FROZEN columns, then the
+    others in display order from the skip-th on."""
     if skip > 0:
         return scrolled(width, want, skip)
     widths = {key: WIDTHS[key] for key in CORE}
@@ -104,13 +123,16 @@ def fit(width: int, want: dict[str, int], skip: int = 0) -> dict[str, int]:
             widths[key] += extra
             used += extra
 
-    add("id")
     grow(lambda key: min(MAX_WIDTH, want.get(key, 0)))
-    for key in PRIORITY[len(CORE) + 1:]:
+    for key in PRIORITY[len(CORE):]:
         add(key)
+    # the long headers (`train loss`, `best accuracy↑`) when the room is there
+    for key, long in (("loss", cell_len(LABELS["loss"])), ("best", want.get("best", 0)),
+                      ("experiment", len("experiment"))):
+        more = max(0, min(long - widths[key], width - used))
+        widths[key] += more
+        used += more
     grow(lambda key: MAX_WIDTH if want.get(key, 0) > widths[key] else 0)
-    # the best column's name in full (`best accuracy↑`) when the room is there
-    widths["best"] += max(0, min(want.get("best", 0) - widths["best"], width - used))
     return {key: widths[key] for key in COLUMNS if key in widths}
 
 
@@ -126,6 +148,63 @@ def scrolled(width: int, want: dict[str, int], skip: int) -> dict[str, int]:
         widths[key] = w
         used += GAP + w
     return widths
+
+
+def hidden_right(columns: dict[str, int]) -> bool:
+    """Whether columns after the last one shown are off-screen."""
+    shown = [k for k in SCROLLS if k in columns]
+    return bool(shown) and any(k not in columns for k in SCROLLS[SCROLLS.index(shown[-1]):])
+
+
+def next_skip(columns: dict[str, int], skip: int, by: int, width: int) -> int:
+    """Where scrolling sideways by half a screen goes: right (by=1) from the first
+    column shown, or left (-1)."""
+    half = max(1, (width - sum(WIDTHS[k] + GAP for k in FROZEN)) // 2)
+    moved = 0
+    if by > 0:
+        skip = SCROLLS.index(next(k for k in columns if k in SCROLLS)) if skip else 0
+        while moved < half and skip < len(SCROLLS) - 1:
+            moved += WIDTHS[SCROLLS[skip]] + GAP
+            skip += 1
+    else:
+        while moved < half and skip > 0:
+            skip -= 1
+            moved += WIDTHS[SCROLLS[skip]] + GAP
+    return skip
+
+
+def header(key: str, width: int) -> str:
+    """A column's name in `width` cells: its long name, else its short one."""
+    label = LABELS.get(key, key)
+    return label if cell_len(label) <= width else SHORT.get(key, label)
+
+
+class Tracked:
+    """The early-stop metrics the rows track (how many rows each) and their
+    declared directions: what the best column is called."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, int] = {}
+        self.directions: dict[str, str] = {}
+
+    def change(self, old: RunRow | None, new: RunRow | None) -> None:
+        """A row replaced (`old` None: added; `new` None: removed)."""
+        for r, by in ((old, -1), (new, 1)):
+            if r is not None and isinstance(r.best_name, str) and r.best_name:
+                self.names[r.best_name] = self.names.get(r.best_name, 0) + by
+                if by > 0 and r.best_direction in ARROWS:
+                    self.directions[r.best_name] = r.best_direction
+
+    def label(self, width: int) -> str:
+        """`best accuracy↑`: the metric the rows track, its direction's arrow;
+        `best↑` where that does not fit (the legend says which metric);
+        `best val` when the rows disagree."""
+        tracked = [n for n, count in self.names.items() if count > 0]
+        if len(tracked) != 1:
+            return "best val"
+        arrow = ARROWS.get(rec.direction(tracked[0], self.directions), "")
+        whole = f"best {tracked[0]}{arrow}"
+        return whole if cell_len(whole) <= width else f"best{arrow}"
 
 
 def clip(text: str, width: int, right: bool = False) -> str:

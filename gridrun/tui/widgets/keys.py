@@ -2,7 +2,9 @@
 
 One line rendered by one widget (Textual's Footer mounts a widget per key and
 rebuilds them all whenever a key greys out, which a cursor move often does).
-Keys that don't apply are dim; `?` lists every key."""
+Keys that don't apply are dim; `?` lists every key. When the keys a screen
+must show do not fit with their descriptions, the bar takes their short ones
+(`⏎ open` for `⏎ detail`)."""
 
 from __future__ import annotations
 
@@ -31,9 +33,12 @@ class KeyBar(Widget):
     """
     COMPONENT_CLASSES = frozenset({"key-bar--key", "key-bar--description"})
 
-    def __init__(self, first: tuple[str, ...] = (), **kwargs) -> None:
+    def __init__(self, first: tuple[str, ...] = (), *, must: int = 0,
+                 short: dict[str, str] | None = None, **kwargs) -> None:
+        """`first`: actions by usefulness; the first `must` of them always show, with
+        their `short` descriptions (action -> text) if the long ones do not fit."""
         super().__init__(**kwargs)
-        self.first = first
+        self.first, self.must, self.short = first, must, short or {}
         self.keys: tuple[tuple[Binding, str, bool], ...] = ()  # (binding, key shown, enabled)
         self.spans: list[tuple[int, int, Binding, bool]] = []  # what the last render put where
         self.changes = 0  # how often what it shows changed (tests read it)
@@ -60,28 +65,37 @@ class KeyBar(Widget):
         """Whether the key for `action` is shown enabled (None: not on the bar)."""
         return next((on for b, _, on in self.keys if b.action == action), None)
 
-    def fitting(self, width: int) -> list[tuple[Binding, str, bool]]:
+    def fitting(self, width: int) -> list[tuple[Binding, str, bool, str]]:
+        """(binding, key shown, enabled, description) of the keys that fit."""
+        kept = self._fit(width, short=False)
+        shown = {b.action for b, *_ in kept}
+        if all(a in shown for a in self.first[:self.must] if self.enabled(a) is not None):
+            return kept
+        return self._fit(width, short=True)
+
+    def _fit(self, width: int, short: bool) -> list[tuple[Binding, str, bool, str]]:
         rank = {action: i for i, action in enumerate(self.first)}
-        keep, used = set(), 0
+        keep, used = {}, 0
         order = sorted(range(len(self.keys)),
                        key=lambda i: (rank.get(self.keys[i][0].action, len(rank)), i))
         for i in order:
             binding, key, _ = self.keys[i]
-            w = len(key) + len(binding.description) + 3  # " key description "
+            text = self.short.get(binding.action, binding.description) if short else binding.description
+            w = len(key) + len(text) + 3  # " key description "
             if used + w <= width:
-                keep.add(i)
+                keep[i] = text
                 used += w
-        return [k for i, k in enumerate(self.keys) if i in keep]
+        return [(*k, keep[i]) for i, k in enumerate(self.keys) if i in keep]
 
     def render(self) -> Text:
         key_style = self.get_component_rich_style("key-bar--key")
         text_style = self.get_component_rich_style("key-bar--description")
         dim = Style(dim=True)
         text, self.spans = Text(no_wrap=True, overflow="crop"), []
-        for binding, key, enabled in self.fitting(self.size.width):
+        for binding, key, enabled, description in self.fitting(self.size.width):
             start = text.cell_len
             text.append(f" {key} ", key_style if enabled else key_style + dim)
-            text.append(f"{binding.description} ", text_style if enabled else text_style + dim)
+            text.append(f"{description} ", text_style if enabled else text_style + dim)
             self.spans.append((start, text.cell_len, binding, enabled))
         return text
 

@@ -25,17 +25,14 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from gridrun.runs import records as rec
+from gridrun.spec.variants import Variants, form
 from gridrun.tui.source import RunRow
 from gridrun.tui.widgets import fmt
 from gridrun.tui.widgets.columns import (
-    ARROWS,
-    FROZEN,
     GAP,
     GROUP,
     GROWS,
     INDEX,
-    LABELS,
     MAX_WIDTH,
     PLAIN,
     RIGHT,
@@ -43,12 +40,16 @@ from gridrun.tui.widgets.columns import (
     SORT_KEYS,
     SORTABLE,
     STATUS_STYLES,
-    WIDTHS,
+    Tracked,
     cells,
     clip,
     fit,
+    header,
+    hidden_right,
     matches,
+    next_skip,
     queue_order,
+    status_counts,
 )
 
 
@@ -103,9 +104,12 @@ class RunsTable(ScrollView, can_focus=True):
         self.columns: dict[str, int] = {}
         self._fitted: tuple | None = None  # (width, want, skip) of self.columns
         self.skip = 0  # scrolled sideways: the columns after FROZEN not shown (see fit)
-        self.best_names: dict[str, int] = {}  # early-stop metric -> how many runs track it
-        self.directions: dict[str, str] = {}  # metric -> its declared direction
+        self.tracked = Tracked()  # the early-stop metrics the rows track (the best column's name)
         self._lines: LRUCache[str, Strip] = LRUCache(2048)  # id -> its line, without the cursor
+        self.variants = Variants()  # what the variants on show share (left out of each cell)
+        self.variant_levels: list[tuple[int | None, int]] = [(None, 0)]  # see Variants.levels
+        self.variant_keep: int | None = None  # the form the variant column shows
+        self._variants_stale = True
         self.lines_rendered = 0  # rows rendered (not from the cache): tests read it
 
     # ---- what the rest of the app reads ------------------------------------------
@@ -147,7 +151,7 @@ class RunsTable(ScrollView, can_focus=True):
                 self._group_changed(r.experiment)
             if not matches(r, self.needle):
                 if self.shown.pop(r.id, None) is not None:
-                    removed = True
+                    removed = self._variants_stale = True
                 continue
             # in queue order, a priority change moves the row where the engine will take it
             moved |= old is not None and by_priority and old.priority != r.priority
@@ -177,6 +181,7 @@ class RunsTable(ScrollView, can_focus=True):
         if not gone:
             return
         current = self.current
+        self._variants_stale = True
         for run_id in gone:
             self._count_best(self.runs.pop(run_id, None), None)
             self.shown.pop(run_id, None)
@@ -196,7 +201,9 @@ class RunsTable(ScrollView, can_focus=True):
             return
         self.shown[run_id] = new
         self._lines.discard(run_id)
-        for key in GROWS:
+        variant = INDEX["variant"]
+        self._variants_stale |= old is None or old[variant] != new[variant]
+        for key in ("experiment",):  # the variant's want: _refresh_variants
             if cell_len(new[INDEX[key]]) > self.want[key]:
                 self.want[key] = cell_len(new[INDEX[key]])
         if old is not None and (row := self.position.get(run_id)) is not None:
@@ -229,7 +236,7 @@ class RunsTable(ScrollView, can_focus=True):
     def set_filter(self, needle: str) -> None:
         current = self.current
         self.needle = needle
-        self.shown, self.order = {}, []
+        self.shown, self.order, self._variants_stale = {}, [], True
         self._lines.clear()
         self.apply(list(self.runs.values()))
         if not self.order:  # nothing matched: apply added nothing, so did not reindex
@@ -331,13 +338,28 @@ class RunsTable(ScrollView, can_focus=True):
         super().notify_style_update()
         self._lines.clear()  # a theme change: every line's colours
 
+    def _refresh_variants(self) -> None:
+        """What the shown rows' variants share (dropped from every cell, see
+        spec/variants.py), and the width the longest then needs."""
+        self._variants_stale = False
+        labels = [cells[INDEX["variant"]] for cells in self.shown.values()]
+        self.variants = Variants.of(labels)
+        self.variant_levels = self.variants.levels(labels)
+        self.want["variant"] = self.variant_levels[0][1]
+        self._fitted = None  # the column's form may change with the same width
+        self._lines.clear()
+
     def _fit(self) -> None:
+        if self._variants_stale:
+            self._refresh_variants()
         width = self.scrollable_content_region.width
         if self._fitted != (width, self.want, self.skip):
             self._fitted = (width, dict(self.want), self.skip)
             layout = fit(width, self.want, self.skip)
-            if layout != self.columns:
-                self.columns = layout
+            room = layout.get("variant", 0)  # the first form all the variants fit in
+            keep = next((k for k, w in self.variant_levels if w <= room), 0)
+            if layout != self.columns or keep != self.variant_keep:
+                self.columns, self.variant_keep = layout, keep
                 self._lines.clear()
 
     def render_line(self, y: int) -> Strip:
@@ -363,30 +385,21 @@ class RunsTable(ScrollView, can_focus=True):
         values, r = self.shown[run_id], self.runs[run_id]
         segments, gap = [], Segment(" " * GAP, PLAIN)
         for key, w in self.columns.items():
-            text = clip(values[INDEX[key]], w, key in RIGHT)
+            value = values[INDEX[key]]
+            if key == "variant":  # shortened from the middle: every value stays (not `hidden=32 l…`)
+                value = form(value, self.variant_keep, self.variants.shared) or "-"
+            text = clip(value, w, key in RIGHT)
             style = STATUS_STYLES.get(r.status, PLAIN) if key == "status" else PLAIN
             segments += (Segment(text, style), gap)
         return Strip(segments).adjust_cell_length(width, PLAIN)
 
     def best_label(self, width: int) -> str:
-        """`best accuracy↑`: the early-stop metric most runs track, its direction's
-        arrow; shortened to fit (`best accu↑`); `best val` when the runs disagree."""
-        names = [n for n, count in self.best_names.items() if count > 0]
-        if len(names) != 1:
-            return "best val"
-        name = names[0]
-        arrow = ARROWS.get(rec.direction(name, self.directions), "")
-        room = max(1, width - len("best ") - len(arrow) - (2 if self.sort_column == "best" else 0))
-        return f"best {name[:room]}{arrow}"
+        """The best column's header in `width` cells (columns.Tracked.label)."""
+        return self.tracked.label(width - (2 if self.sort_column == "best" else 0))  # sort arrow
 
     def _count_best(self, old: RunRow | None, new: RunRow | None) -> None:
-        """Keep best_names (metric -> runs tracking it) and directions as rows change."""
-        for r, by in ((old, -1), (new, 1)):
-            if r is not None and isinstance(r.best_name, str) and r.best_name:
-                self.best_names[r.best_name] = self.best_names.get(r.best_name, 0) + by
-                if by > 0 and r.best_direction in ARROWS:
-                    self.directions[r.best_name] = r.best_direction
-        want = cell_len(self.best_label(MAX_WIDTH)) + 2  # and the sort arrow
+        self.tracked.change(old, new)
+        want = cell_len(self.tracked.label(MAX_WIDTH)) + 2  # and the sort arrow
         if want != self.want.get("best"):  # the header's best column changes its name
             self.want["best"] = want
             self.refresh_line(0)
@@ -395,24 +408,9 @@ class RunsTable(ScrollView, can_focus=True):
 
     def action_scroll_columns(self, by: int) -> None:
         """Half a screen of columns right (by=1) or left (-1); status and id stay."""
-        width = self.scrollable_content_region.width
-        half = max(1, (width - sum(WIDTHS[k] + GAP for k in FROZEN)) // 2)
-        skip = self.skip
-        if by > 0:
-            if not self.hidden_right():
-                return
-            moved = 0
-            first = SCROLLS.index(next(k for k in self.columns if k in SCROLLS)) if skip else 0
-            skip = first
-            while moved < half and skip < len(SCROLLS) - 1:
-                moved += WIDTHS[SCROLLS[skip]] + GAP
-                skip += 1
-        else:
-            moved = 0
-            while moved < half and skip > 0:
-                skip -= 1
-                moved += WIDTHS[SCROLLS[skip]] + GAP
-        self.scroll_columns_to(skip)
+        if by < 0 or hidden_right(self.columns):
+            self.scroll_columns_to(next_skip(self.columns, self.skip, by,
+                                             self.scrollable_content_region.width))
 
     def scroll_columns_to(self, skip: int) -> None:
         if skip != self.skip:
@@ -421,9 +419,7 @@ class RunsTable(ScrollView, can_focus=True):
             self.refresh()
 
     def hidden_right(self) -> bool:
-        """Whether columns after the last one shown are off-screen."""
-        shown = [k for k in SCROLLS if k in self.columns]
-        return bool(shown) and any(k not in self.columns for k in SCROLLS[SCROLLS.index(shown[-1]):])
+        return hidden_right(self.columns)
 
     def show_column(self, key: str | None) -> None:
         """Scroll sideways so that `key` (the sorted column) is on the screen."""
@@ -435,24 +431,19 @@ class RunsTable(ScrollView, can_focus=True):
     def _group(self, experiment: str, width: int) -> Strip:
         """A group's header row: its name, how many runs it shows, and their states."""
         runs = [self.runs[i] for i in self.shown if fmt.text(self.runs[i].experiment) == experiment]
-        counts: dict[str, int] = {}
-        for r in runs:
-            counts[fmt.text(r.status)] = counts.get(fmt.text(r.status), 0) + 1
         style = self.get_component_rich_style("runs-table--group")
         segments = [Segment(f"▾ {experiment}", style + Style(bold=True)),
                     Segment(f"  {len(runs)} run{'s' * (len(runs) != 1)} ", style)]
-        for status in (*fmt.GLYPHS, *sorted(set(counts) - set(fmt.GLYPHS))):
-            if counts.get(status):
-                glyph = fmt.GLYPHS.get(status, ("?", ""))[0]
-                segments.append(Segment(f" {glyph}{counts[status]}",
-                                        style + STATUS_STYLES.get(status, PLAIN)))
+        segments += [Segment(f" {glyph}{n}", style + STATUS_STYLES.get(status, PLAIN))
+                     for status, glyph, n in status_counts(runs)]
         return Strip(segments).adjust_cell_length(width, style)
 
     def _header(self, width: int) -> Strip:
         style, segments = self.get_component_rich_style("runs-table--header"), []
         for key, w in self.columns.items():
-            label = self.best_label(w) if key == "best" else LABELS.get(key, key)
-            if key == self.sort_column:  # the arrow always shows; the name gives way
+            arrow = 2 if key == self.sort_column else 0
+            label = self.best_label(w) if key == "best" else header(key, w - arrow)
+            if arrow:  # the arrow always shows; the name gives way
                 label = label[:max(1, w - 2)].rstrip() + (" ▼" if self.reverse else " ▲")
             segments += (Segment(clip(label, w, key in RIGHT), style), Segment(" " * GAP, style))
         return Strip(segments).adjust_cell_length(width, style)

@@ -1,0 +1,123 @@
+"""`gridrun tensorboard [RUN...]`: runs' metrics as TensorBoard event files, and TensorBoard on them."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, open_store, say, working
+
+DEFAULT_LOGDIR = Path("logs")
+
+
+def _runs(store: Any, prefixes: list[str]) -> list[Any]:
+    from gridrun.runs.store import RunNotFound
+
+    if not prefixes:
+        return store.list_runs()
+    try:
+        ids = list(dict.fromkeys(store.resolve(p) for p in prefixes))
+    except RunNotFound as e:
+        fail(str(e))
+    return store.list_runs(ids=ids)
+
+
+def sync(root: Path, logdir: Path, prefixes: list[str], writer: Any, *, ended: set[str]) -> str:
+    """Write what is new of the runs (all, or those named); one line saying what was written.
+    Runs in `ended` were complete at an earlier sync and are not read again."""
+    from gridrun.runs import runlog, states
+
+    points = skipped = runs = 0
+    with open_store(root) as store:
+        chosen = _runs(store, prefixes)
+    for run in chosen:
+        if run.id in ended and run.status in states.FINISHED:
+            continue  # read to its end at an earlier sync
+        if run.status in states.FINISHED:
+            ended.add(run.id)
+        wrote, bad = writer.run(root, run)
+        points, skipped, runs = points + wrote, skipped + bad, runs + (wrote > 0)
+        if bad:
+            say(f"note: {runlog.skipped_note(bad, run.run_dir(root) / 'metrics.jsonl')}")
+    return (f"wrote {points:,} scalar{'s' * (points != 1)} of {runs} run{'s' * (runs != 1)} "
+            f"to {logdir}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def tensorboard(
+        runs: Annotated[list[str] | None, typer.Argument(
+            help="Run ids (unique prefixes are enough). Default: every run of the root.",
+            metavar="RUN...")] = None,
+        logdir: Annotated[Path, typer.Option(
+            "--logdir", metavar="DIR", file_okay=False,
+            help="Where the event files go: DIR/experiment/variant/seed and run id, one "
+            "folder a run (TensorBoard's run names).")] = DEFAULT_LOGDIR,
+        serve: Annotated[bool, typer.Option(
+            "--serve/--no-serve", help="Start TensorBoard on the log folder and keep adding "
+            "what the runs log until ctrl-c; --no-serve writes once and exits.")] = True,
+        port: Annotated[int, typer.Option("--port", min=0, metavar="PORT",
+                                          help="TensorBoard's port (on localhost).")] = 6006,
+        every: Annotated[float, typer.Option(
+            "--every", min=0.5, metavar="SECONDS",
+            help="While serving: how often to add the runs' new lines.")] = 5.0,
+        root: RootOption = DEFAULT_ROOT,
+    ) -> None:
+        """Write runs' scalars as TensorBoard event files and open TensorBoard on them.
+
+        Train and validation metrics, the learning rate, throughput, gradient norm and memory,
+        at each line's step and time, written with TensorBoard's own writer (the tensorboard
+        extra: pip install 'gridrun[tensorboard]'). Incremental: a second call writes only
+        what the runs logged since; while TensorBoard serves, live runs are followed.
+        """
+        from gridrun.analysis.tensorboard import Sync, TensorBoardMissing, writer_class
+
+        try:
+            writer_class()
+        except TensorBoardMissing as e:
+            fail(str(e))
+        if logdir.resolve().is_relative_to(root.resolve()):
+            fail(f"--logdir {logdir} is inside the runs root {root}: choose a folder outside it")
+        writer, ended = Sync(logdir), set()
+        try:
+            with working(f"writing event files to {logdir}"):
+                wrote = sync(root, logdir, runs or [], writer, ended=ended)
+            typer.echo(wrote)
+            if not serve:
+                return
+            _serve(root, logdir, runs or [], writer, ended, port, every)
+        finally:
+            writer.close()
+
+
+def _serve(root: Path, logdir: Path, prefixes: list[str], writer: Any, ended: set[str],
+           port: int, every: float) -> None:
+    command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--port", str(port)]
+    if shutil.which("tensorboard"):
+        command = ["tensorboard", "--logdir", str(logdir), "--port", str(port)]
+    try:
+        board = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    except OSError as e:
+        fail(f"cannot start TensorBoard ({' '.join(map(shlex.quote, command))}): {e.strerror}", 1)
+    typer.echo(f"TensorBoard on http://localhost:{port}/ (ctrl-c stops it; the event files stay)")
+    try:
+        while board.poll() is None:
+            time.sleep(every)
+            sync(root, logdir, prefixes, writer, ended=ended)
+        fail(f"TensorBoard exited (code {board.returncode})", 1)
+    except KeyboardInterrupt:
+        typer.echo("\nTensorBoard stopped")
+    finally:
+        if board.poll() is None:
+            board.terminate()
+            try:
+                board.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                board.kill()

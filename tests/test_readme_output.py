@@ -1,0 +1,263 @@
+"""The README shows what the program prints: every block that shows output is
+produced here and compared, line for line, with what the README says.
+
+A block of output follows a marker in the README:
+
+    <!-- output -->           the block's `$ gridrun ...` lines are run (in a work
+                              folder holding experiments.toml and the trained
+                              runs/), each followed by what it prints;
+    <!-- output: NAME -->     the block comes from PRODUCERS[NAME] (the end of
+                              `gridrun run`, the interface in tmux, ...);
+    <!-- file: NAME -->       the next block is a file the commands use.
+
+Only what varies between two runs on the same machine is masked (MASKS: times,
+the machine panel, floating-point noise of other runtimes); a column renamed
+in the program without the README fails here.
+
+The example's 18 runs are trained once for the module, in this process, one
+thread each (the numbers are the engine's, bit for bit).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gridrun.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+EXAMPLE = ROOT / "experiments.toml"
+BLOCK = re.compile(r"<!-- (output|file)(?:: ([\w./-]+))? -->\n```[^\n]*\n(.*?)```", re.S)
+FIRST = 12  # the interface is shown after the first 12 runs (width-lr) of the 18
+MASKS = [
+    (re.compile(r"\b\d+(?:\.\d+)? s\b"), "N s"),  # wall times
+    (re.compile(r"sha256 [0-9a-f]{16}…"), "sha256 …"),  # weights: other CPUs round otherwise
+    (re.compile(r"^( output\s+float32)\s+\S+\s+\S+", re.M), r"\1 DIFF DIFF"),  # parity noise
+    (re.compile(r"^ cpu .*$", re.M), " cpu …"),  # the machine panel of the interface
+]
+
+
+def masked(text: str) -> str:
+    text = "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
+    for pattern, replacement in MASKS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def blocks() -> list[tuple[str, str | None, str]]:
+    """(kind, name, text) of every marked block, in README order."""
+    return [(kind, name or None, text) for kind, name, text in BLOCK.findall(README.read_text())]
+
+
+@dataclass
+class Example:
+    work: Path  # holds experiments.toml and runs/
+    interface: str | None  # tmux captures (None without tmux)
+    compare_screen: str | None
+    seconds: float  # training the 18 runs
+
+
+def gridrun(*args: str) -> str:
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "80"}, terminal_width=80)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.output
+
+
+def tmux_capture(work: Path, size: tuple[int, int], keys: list[str],
+                 wait: tuple[str, ...]) -> str | None:
+    """`gridrun` in a real terminal of `size` in `work`: press `keys`, wait until the
+    screen shows each of `wait` and stays, read it back (tmux capture-pane), quit."""
+    if shutil.which("tmux") is None:
+        return None
+    sock = work / "tmux.sock"
+    tmux = ["tmux", "-f", "/dev/null", "-S", str(sock)]
+    command = f"exec env -u COLUMNS -u LINES -u NO_COLOR -u GRIDRUN_ROOT {sys.executable} -m gridrun"
+    subprocess.run([*tmux, "new-session", "-d", "-s", "r", "-x", str(size[0]), "-y", str(size[1]),
+                    "-c", str(work), command], check=True, timeout=30)
+    try:
+        screen, deadline = "", time.monotonic() + 30
+        while "? help" not in screen and time.monotonic() < deadline:
+            time.sleep(0.2)
+            screen = subprocess.run([*tmux, "capture-pane", "-p", "-t", "r"], capture_output=True,
+                                    text=True, timeout=30).stdout
+        if keys:
+            subprocess.run([*tmux, "send-keys", "-t", "r", *keys], timeout=30)
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            last = screen
+            screen = subprocess.run([*tmux, "capture-pane", "-p", "-t", "r"], capture_output=True,
+                                    text=True, timeout=30).stdout
+            if all(w in screen for w in wait) and screen == last:  # there, and drawn to the end
+                return screen
+        raise AssertionError(f"{wait!r} never appeared in the interface:\n{screen}")
+    finally:
+        subprocess.run([*tmux, "send-keys", "-t", "r", "q"], capture_output=True, timeout=30)
+        time.sleep(0.5)
+        subprocess.run([*tmux, "kill-server"], capture_output=True, timeout=30)
+        sock.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory) -> Example:
+    import torch
+
+    from gridrun.spec import load_runs
+
+    work = tmp_path_factory.mktemp("readme")
+    shutil.copy(EXAMPLE, work / "experiments.toml")
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(work)
+        mp.delenv("GRIDRUN_ROOT", raising=False)
+        torch.set_num_threads(1)  # 2 slots' worth of threads on 2 cores, not 4 (same numbers)
+        try:
+            assert "queued 18 runs" in gridrun("queue", "experiments.toml")
+            seconds = 0.0
+            runs = load_runs(Path("experiments.toml"))
+            for i, run in enumerate(runs):
+                if i == FIRST:
+                    interface = tmux_capture(work, (80, 24), [], ("·6 ✓12",))
+                started = time.monotonic()
+                out = gridrun("train", "experiments.toml", run.id)
+                seconds += time.monotonic() - started
+                assert out.rstrip().endswith(f"completed: runs/{run.experiment}/{run.id}"), out
+            screen = tmux_capture(work, (120, 9), ["End", "t"], ("Welch's", "± 0.0048"))
+        finally:
+            torch.set_num_threads(threads)
+        print(f"\nthe example's 18 runs trained in {seconds:.1f} s (gridrun train, one thread)")
+        yield Example(work, interface, screen, seconds)
+
+
+def run_end(example: Example, capsys) -> str:
+    """What `gridrun run experiments.toml` prints once its runs have ended."""
+    from gridrun.commands.engine import _results
+    from gridrun.commands.follow import follow
+    from gridrun.spec import load_runs
+
+    runs = load_runs(Path("experiments.toml"))
+    capsys.readouterr()
+    assert follow(Path("runs"), [r.id for r in runs], live=False)
+    _results(Path("runs"), Path("experiments.toml"), runs)
+    return capsys.readouterr().out
+
+
+def task_check(example: Example, capsys) -> str:
+    """The task check on the README's own task with a mistake: `hit` for `hit_rate`."""
+    from test_readme import example_code
+
+    pkg = example.work / "mypkg"
+    pkg.mkdir(exist_ok=True)
+    (pkg / "__init__.py").write_text("")
+    code = example_code()
+    assert '"hit_rate": (' in code
+    (pkg / "tasks.py").write_text(code.replace('"hit_rate": (', '"hit": (', 1))
+    sys.modules.pop("mypkg", None)
+    sys.modules.pop("mypkg.tasks", None)
+    sys.path.insert(0, str(example.work))
+    try:
+        return "$ gridrun queue exp.toml\n" + gridrun("queue", "exp.toml")
+    finally:
+        sys.path.remove(str(example.work))
+        sys.modules.pop("mypkg", None)
+        sys.modules.pop("mypkg.tasks", None)
+
+
+def interface(example: Example, capsys) -> str:
+    if example.interface is None:
+        pytest.skip("needs tmux")
+    return example.interface
+
+
+def compare_screen(example: Example, capsys) -> str:
+    if example.compare_screen is None:
+        pytest.skip("needs tmux")
+    return example.compare_screen
+
+
+PRODUCERS = {"run-end": run_end, "task-check": task_check, "interface": interface,
+             "compare-screen": compare_screen}
+
+
+def commands(text: str) -> list[tuple[str, str]]:
+    """A block of `$ command` lines, each followed by what it prints."""
+    out: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("$ "):
+            out.append((line[2:], []))
+        else:
+            assert out, f"a command block must start with `$ gridrun ...`:\n{text}"
+            out[-1][1].append(line)
+    return [(command, "\n".join(lines)) for command, lines in out]
+
+
+def write_files(work: Path) -> None:
+    for kind, name, text in blocks():
+        if kind == "file":
+            (work / name).write_text(text)
+
+
+def cases() -> list:
+    """A case per output block, named by its producer or its first command."""
+    return [pytest.param(i, name, id=name or text.splitlines()[0].removeprefix("$ "))
+            for i, (kind, name, text) in enumerate(blocks()) if kind == "output"]
+
+
+@pytest.mark.parametrize("index,name", cases())
+def test_readme_block_is_what_the_program_prints(example, monkeypatch, capsys, index, name):
+    monkeypatch.chdir(example.work)
+    monkeypatch.delenv("GRIDRUN_ROOT", raising=False)
+    write_files(example.work)
+    text = blocks()[index][2]
+    if name is not None:
+        got = PRODUCERS[name](example, capsys)
+    else:
+        parts = []
+        for command, _ in commands(text):
+            words = shlex.split(command)
+            assert words[0] == "gridrun", command
+            if words[1] == "export-model" and "--format" not in words:  # ONNX: the export extra
+                pytest.importorskip("onnxruntime")
+            parts.append(f"$ {command}\n{gridrun(*words[1:])}")
+        got = "\n".join(p.rstrip("\n") for p in parts)
+    assert masked(got) == masked(text), (
+        f"README block {index} ({name or 'commands'}) differs from the program; it prints:\n{got}")
+
+
+def test_every_producer_has_its_block_and_every_block_a_producer():
+    named = {name for kind, name, _ in blocks() if kind == "output" and name}
+    assert named == set(PRODUCERS), named ^ set(PRODUCERS)
+    assert len([1 for kind, name, _ in blocks() if kind == "output" and not name]) >= 4
+
+
+def test_a_column_renamed_in_the_program_fails_the_check(example, monkeypatch, capsys):
+    """The check can fail: rename the tables' `seeds` column and the run's ending differs."""
+    from gridrun.analysis import tables
+
+    monkeypatch.chdir(example.work)
+    text = next(t for kind, name, t in blocks() if name == "run-end")
+    assert masked(run_end(example, capsys)) == masked(text)
+    original = tables.format_table
+
+    def renamed(*args, **kwargs):
+        return original(*args, **kwargs).replace("seeds", "reps ")
+
+    monkeypatch.setattr(tables, "format_table", renamed)
+    assert masked(run_end(example, capsys)) != masked(text)
+
+
+def test_masks_hide_only_what_varies():
+    assert masked("exported in 4.40 s (the run trained in 10.2 s)") == \
+        "exported in N s (the run trained in N s)"
+    assert masked("final weights sha256 ef403ca5e325be83…)") == "final weights sha256 …)"
+    assert masked("  0.9571 0.9331") == "  0.9571 0.9331"  # results are never masked
