@@ -36,9 +36,8 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 
-    predict,
-    remove,
-    tensorboard,
+for module in (tui, plan, train, engine, remove, analysis, doctor, verify, deploy, predict,
+               tensorboard):
     module.register(app)
 
 

@@ -43,6 +43,7 @@ MASKS = [
     (re.compile(r"\b\d+(?:\.\d+)? s\b"), "N s"),  # wall times
     (re.compile(r"sha256 [0-9a-f]{16}…"), "sha256 …"),  # weights: other CPUs round otherwise
     (re.compile(r"^( output\s+float32)\s+\S+\s+\S+", re.M), r"\1 DIFF DIFF"),  # parity noise
+    (re.compile(r"(not part of the metrics\): max abs diff) \S+"), r"\1 DIFF"),
     (re.compile(r"^ cpu .*$", re.M), " cpu …"),  # the machine panel of the interface
 ]
 
