@@ -269,3 +269,38 @@ def test_a_clone_pins_sources_but_never_varies_them(tmp_path):
     assert [moved.trainer[f"seed_{s}"] for s in ("init", "order", "augment", "model")] == [0, 9, 0, 0]
     pinned = derive(run, "seed_init=4")
     assert pinned.trainer["seed_init"] == 4 and pinned.id != run.id
+
+
+def test_plan_check_notes_switches_that_change_nothing(tmp_path):
+    from typer.testing import CliRunner
+
+    from gridrun.cli import app
+
+    path = tmp_path / "e.toml"
+    path.write_text(textwrap.dedent("""
+        [defaults]
+        train_size = 64
+        val_size = 16
+        augmentation = false
+        [experiments.blind]
+        task = "spirals"
+        [experiments.sees]
+        task = "shapes"
+        dropout_layers = false
+        [experiments.still]
+        task = "spirals"
+        dropout_layers = false
+        augmentation = true
+        seeds = 2
+        vary = "order"
+        shuffle = false
+        """))
+    result = CliRunner().invoke(app, ["plan", "--check", str(path)])
+    assert result.exit_code == 0, result.output  # notes never block
+    notes = [line for line in result.stderr.splitlines() if "note:" in line]
+    assert len(notes) == 3, notes
+    assert "[experiments.blind] note: task 'spirals': augmentation = false changed nothing it " \
+           "could see" in notes[0]
+    assert "[experiments.sees] note: task 'shapes': dropout_layers = false changed nothing" in notes[1]
+    assert "[experiments.still] note: task 'spirals': vary varies the order source of runs with " \
+           "shuffle = false" in notes[2]

@@ -88,7 +88,8 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
     task: Task = resolve(run.task)(**run.task_args)
     model = task.model.to(device)
     if "dropout" in off and not switches.dropout_off(model):
-        warn("dropout_layers = false changed nothing: the model has no dropout module")
+        warn("dropout_layers = false changed nothing: no dropout module of the model drops "
+             "anything")
     summary["parameters"], summary["dtype"] = model_facts(model)
     levers.checkpoint_modules(model, cfg["checkpoint_modules"])
     probe.attach(model)

@@ -21,21 +21,20 @@ def _identity(input: Any, *args: Any, **kwargs: Any) -> Any:
 def dropout_off(model: nn.Module) -> int:
     """Make every dropout module of `model` the identity, in training too, and set the
     attention dropout of every `nn.MultiheadAttention` to 0 (the weights and the
-    state dict stay as they are); returns how many modules it changed. A model's
+    state dict stay as they are). A model's
     own `F.dropout` calls are not modules: the task can ask
-    `gridrun.randomness.enabled("dropout")`."""
-    changed = 0
+    `gridrun.randomness.enabled("dropout")`. Returns how many of them dropped
+    anything (p > 0)."""
+    changed = dropout_modules(model)
     for module in model.modules():
         if isinstance(module, DROPOUTS):
             module.forward = _identity
-            changed += 1
-        elif isinstance(module, nn.MultiheadAttention) and module.dropout:
+        elif isinstance(module, nn.MultiheadAttention):
             module.dropout = 0.0
-            changed += 1
     return changed
 
 
 def dropout_modules(model: nn.Module) -> int:
-    """How many modules `dropout_off` would change."""
-    return sum(isinstance(m, DROPOUTS) or (isinstance(m, nn.MultiheadAttention) and bool(m.dropout))
-               for m in model.modules())
+    """How many modules of `model` drop anything in training (p > 0)."""
+    return sum(bool(m.p) if isinstance(m, DROPOUTS) else
+               isinstance(m, nn.MultiheadAttention) and bool(m.dropout) for m in model.modules())
