@@ -17,6 +17,7 @@ from gridrun.commands import (
     plan,
     predict,
     remove,
+    repro,
     train,
     tui,
     verify,
@@ -30,7 +31,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (tui, plan, train, engine, remove, analysis, doctor, verify, deploy, predict):
+for module in (tui, plan, train, engine, remove, analysis, doctor, verify, repro, deploy, predict):
     module.register(app)
 
 
