@@ -53,7 +53,7 @@ def test_spread_per_source_next_to_all(tmp_path):
     assert lines[0].split()[:3] == ["source", "seeds", "loss"]
     assert lines[2].startswith("init ") and lines[-2].startswith("all ")
     assert "1.00" in lines[-2]  # all's std over itself
-    assert "the others at the first seed" in lines[-1]
+    assert "(the others at the first seed)" in lines[-1]
 
 
 def test_unfinished_seeds_and_formats(tmp_path):

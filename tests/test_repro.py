@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from gridrun.checks import repro
@@ -120,6 +121,7 @@ def test_a_repro_script_gives_the_runs_first_50_losses_bit_for_bit(tmp_path, use
     run, folder = trained_run(tmp_path, CASES[case])
     script = tmp_path / "repro.py"
     repro.write(folder, script, STEPS)
+    assert f"THREADS = {torch.get_num_threads()}\n" in script.read_text()  # the run's own
     lines, modules = run_isolated(script)
     task_module = repro.BUILTIN.get(run.task, run.task).partition(":")[0]
     assert modules <= ALLOWED | {task_module}, modules - ALLOWED

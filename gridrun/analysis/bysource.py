@@ -159,9 +159,9 @@ def cells(table: RowTable) -> tuple[list[str], list[list[str]]]:
 
 def legend(table: RowTable) -> str:
     value = "final" if table.attrs.get("value") == "final" else "best validation"
-    return (f"spread over finished seeds of the {value} value when only that source varies "
-            f"(the others at the first seed); 95% CI: Student t half-width of the mean; "
-            f"range: max - min; std/all: std over the std when every source varies")
+    return (f"the {value} value over finished seeds, only that source varying (the others at "
+            f"the first seed); ± 95% CI of the mean (Student t); range: max - min; "
+            f"std/all: the std over the std with every source varying")
 
 
 def format_sources(table: RowTable, fmt: str = "table") -> str:

@@ -89,6 +89,7 @@ def script(run: RunSpec, summary: Mapping[str, Any], steps: int) -> str:
         "CLIP_GRAD": cfg["clip_grad"], "PRECISION": precision, "DETERMINISTIC": cfg["deterministic"],
         "DETECT_ANOMALY": cfg["detect_anomaly"], "COMPILE": cfg["compile"],
         "COMPILE_MODE": cfg["compile_mode"], "DEVICE": device, "STEPS": steps,
+        "THREADS": (summary.get("determinism") or {}).get("cpu_threads"),
     }
     constants = "\n".join(f"{k} = {_literal(v)}" for k, v in values.items())
     copied = _source(seeding.seed_everything, seeding.model_seed, seeding.data_seed,
@@ -184,8 +185,10 @@ def dropout_off(model):
             module.dropout = 0.0
 
 
-def main(steps, device):
+def main(steps, device, threads):
     device = torch.device(device)
+    if threads:  # CPU kernels split their sums by thread: the run's count, the run's bits
+        torch.set_num_threads(threads)
     if DETERMINISTIC:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(DETERMINISTIC)
@@ -258,8 +261,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=STEPS, help="optimizer steps to take")
     parser.add_argument("--device", default=DEVICE, help="the run's device by default")
+    parser.add_argument("--threads", type=int, default=THREADS,
+                        help="torch's CPU threads (the run's by default, when it recorded them)")
     args = parser.parse_args()
-    main(args.steps, args.device)
+    main(args.steps, args.device, args.threads)
 '''
 
 

@@ -80,6 +80,8 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
         warn(f"CUDA_VISIBLE_DEVICES={environment.gpus_given()} are stand-ins "
              f"({environment.STAND_INS}=1): trained on the CPU")
     summary["determinism"] = set_determinism(cfg["deterministic"], compiled=cfg["compile"])
+    # CPU kernels split their sums by thread: another count, other bits (gridrun repro sets it)
+    summary["determinism"]["cpu_threads"] = torch.get_num_threads()
     summary["environment"] = environment.describe(device, summary["determinism"])
     torch.autograd.set_detect_anomaly(cfg["detect_anomaly"])
     seeds, separate, off = randomness_of(run, summary)
