@@ -304,3 +304,19 @@ def test_plan_check_notes_switches_that_change_nothing(tmp_path):
     assert "[experiments.sees] note: task 'shapes': dropout_layers = false changed nothing" in notes[1]
     assert "[experiments.still] note: task 'spirals': vary varies the order source of runs with " \
            "shuffle = false" in notes[2]
+
+
+def test_the_readme_protocol_is_the_example_file(tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    assert "OMP_NUM_THREADS=1 gridrun run examples/sources.toml && gridrun compare sources " \
+           "--by-source" in readme
+    runs = load_runs(root / "examples" / "sources.toml")
+    assert len(runs) == 25 and {r.task for r in runs} == {"shapes"}
+    groups = {r.trainer["vary"] for r in runs}
+    assert groups == {"init", "order", "augment", "model", "all"}
+    block = readme.split("[experiments.order-only]", 1)[1].split("```", 1)[0]
+    order_only = runs_of(tmp_path, "[experiments.order-only]" + block)
+    assert len(order_only) == 5 and len({r.trainer["seed_init"] for r in order_only}) == 1
