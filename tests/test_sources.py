@@ -32,6 +32,7 @@ class Watch(Probe):
         self.weights = ""
         self.batches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.dropout_changed: list[bool] = []
+        self.masks: list[torch.Tensor] = []  # what each dropout module dropped
 
     def attach(self, model: torch.nn.Module) -> None:
         h = hashlib.sha256()
@@ -46,6 +47,7 @@ class Watch(Probe):
     def _saw(self, module, inputs, output) -> None:
         if module.training:
             self.dropout_changed.append(not torch.equal(inputs[0], output))
+            self.masks.append((output == 0) & (inputs[0] != 0))
 
     def before_step(self, step: int, batch) -> None:
         self.batches.append((batch[0].clone(), batch[1].clone()))
@@ -78,6 +80,19 @@ def test_five_runs_that_vary_one_source_differ_only_in_it(tmp_path, vary):
     else:
         assert len(weights) == 5  # other initial weights ...
         assert all(same_batches(first, w) for w in others)  # ... on the same batches
+
+
+@pytest.mark.parametrize("vary", ["init", "model"])
+def test_dropout_masks_are_the_model_sources_alone(tmp_path, vary):
+    body = ('[experiments.m]\ntask = "spirals"\ntrain_size = 64\nval_size = 16\nbatch_size = 16\n'
+            f'epochs = 1\nmax_steps = 2\ndropout = 0.5\nseeds = 2\nvary = "{vary}"\n')
+    a, b = (trained(tmp_path, r)[1] for r in runs_of(tmp_path, body))
+    same_masks = all(torch.equal(x, y) for x, y in zip(a.masks, b.masks, strict=True))
+    assert a.masks and same_batches(a, b)
+    if vary == "init":
+        assert a.weights != b.weights and same_masks
+    else:
+        assert a.weights == b.weights and not same_masks
 
 
 # ---- a default run is the run it was
@@ -320,3 +335,29 @@ def test_the_readme_protocol_is_the_example_file(tmp_path):
     block = readme.split("[experiments.order-only]", 1)[1].split("```", 1)[0]
     order_only = runs_of(tmp_path, "[experiments.order-only]" + block)
     assert len(order_only) == 5 and len({r.trainer["seed_init"] for r in order_only}) == 1
+
+
+def test_a_run_with_sources_of_its_own_resumes_exactly_and_ignores_workers(tmp_path):
+    """The model source's stream (seeded anew after the build) is in the checkpoint:
+    stopped mid-epoch and resumed, a pinned run with dropout ends where an
+    uninterrupted one does, and DataLoader workers change nothing."""
+    from test_resume import metrics_without_timing
+
+    body = ('[experiments.r]\ntask = "spirals"\ntrain_size = 128\nval_size = 32\nbatch_size = 16\n'
+            'epochs = 2\nlog_every = 1\ndropout = 0.3\nseed_order = 4\nseed_augment = 9\n')
+    whole = runs_of(tmp_path, body)[0]
+    ends = {}
+    for name, run, stops in (("whole", whole, None), ("stopped", whole, 5),
+                             ("workers", whole.with_trainer(num_workers=1), None)):
+        folder = layout.make_private_dir(tmp_path / name)
+        write_run_config(folder / layout.CONFIG, run)
+        if stops:
+            calls = iter(range(1, 100))
+            first = train(run, folder, log=lambda s: None,
+                          should_stop=lambda calls=calls, stops=stops: next(calls) >= stops)
+            assert first["status"] == states.INTERRUPTED and first["step"] == stops
+        summary = train(run, folder, log=lambda s: None)
+        assert summary["status"] == states.COMPLETED, summary.get("error")
+        assert summary["randomness"]["separate"] is True
+        ends[name] = (summary["weights_sha256"], metrics_without_timing(folder))
+    assert ends["stopped"] == ends["whole"] == ends["workers"]
