@@ -1,13 +1,15 @@
 """The data path: seeded order, and random streams that follow the data.
 
-Every batch is fetched under its own random state, derived from (run seed,
-epoch, batch index): python's `random`, NumPy's global generator and torch's
-CPU generator are seeded from it around the dataset's `__getitem__` calls and
-the `collate_fn`, and restored afterwards in the main process. Whatever a task
+Every batch is fetched under its own random state, derived from (the seed of
+the run's augment source, by default the run's seed; epoch; batch index):
+python's `random`, NumPy's global generator and torch's CPU generator are
+seeded from it around the dataset's `__getitem__` calls and the `collate_fn`,
+and restored afterwards in the main process. Whatever a task
 draws there (augmentation, as users write it) depends only on which batch it
 is: not on which process fetched it, how many workers there are, whether they
 persist, the prefetch depth, or where a resume started. Dropout and other
-randomness in the model keep the main stream, which checkpoints carry.
+randomness in the model keep the main stream, which checkpoints carry. The
+order of the training data comes from the order source's seed (spec/sources.py).
 """
 
 from __future__ import annotations
