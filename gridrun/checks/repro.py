@@ -17,7 +17,6 @@ move the model source's stream, which the script does not replay.
 from __future__ import annotations
 
 import inspect
-import os
 import re
 import subprocess
 import sys
@@ -294,8 +293,7 @@ def run_script(path: Path, steps: int | None = None, timeout: float | None = Non
                ) -> tuple[list[tuple[int, float]], list[tuple[int, float, float]], str]:
     """Run a repro script here: (step losses, log lines, stderr)."""
     command = [sys.executable, str(path), *(["--steps", str(steps)] if steps else [])]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONHASHSEED": "0"})
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     if done.returncode:
         tail = "\n".join(done.stderr.strip().splitlines()[-3:])
         raise ReproError(f"the script failed (exit {done.returncode}): {tail}")
