@@ -18,6 +18,7 @@ from gridrun.commands import (
     plan,
     predict,
     remove,
+    repro,
     tensorboard,
     train,
     tui,
@@ -36,7 +37,7 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 
-for module in (tui, plan, train, engine, remove, analysis, doctor, verify, deploy, predict,
+for module in (tui, plan, train, engine, remove, analysis, doctor, verify, repro, deploy, predict,
                tensorboard):
     module.register(app)
 

@@ -35,6 +35,9 @@ def allowed(key: Key) -> str:
         "array of 2 floats": "each in [0, 1)",
         "array of strings": "class names of the model's modules",
         "float or integer": "a float in [0, 1), or an integer >= 0",
+        "source or array of sources": "`all`, `init`, `order`, `augment`, `model`, or an array "
+                                      "of sources",
+        'integer or "seed"': "an integer >= 0, or `seed`",
     }
     if key.type in special:
         return special[key.type]

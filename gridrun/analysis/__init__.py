@@ -2,6 +2,7 @@
 
     frames    runs -> one row per run (from the store, or the folders)
     ablation  tables over seeds: mean, std, CI, deltas with Welch's p
+    bysource  the spread of each metric by source of randomness
     tdist     Student's t, without scipy
     rowtable  plain rows that `gridrun compare` reads without pandas
     tables    the text of a table: table, csv, markdown, latex, json

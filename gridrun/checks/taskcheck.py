@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from gridrun.checks.rawcheck import check_preprocess
+from gridrun.checks.switchcheck import switch_notes
 from gridrun.spec import RunSpec, format_value
 from gridrun.spec.errors import LineIndex, Problem, nearest
 from gridrun.tasks import Task, resolve
@@ -49,6 +50,7 @@ class Config:
     notes: list[str] = field(default_factory=list)
     metrics: dict[str, str] | None = None  # the task's metrics, when it could be built
     seconds: float = 0.0
+    switch_notes: dict[str, list[str]] = field(default_factory=dict)  # {experiment: notes}
 
 
 @dataclass
@@ -330,6 +332,8 @@ def check_runs(runs: Sequence[RunSpec], path: str | Path,
             batch = min(r.trainer["batch_size"] for r in config.runs)
             config.problems, config.notes, config.metrics = check_task(
                 config.task, config.task_args, seed=first.seed, batch_size=batch)
+            if not config.problems:  # switches the task ignores
+                config.switch_notes = switch_notes(config.task, config.task_args, config.runs, batch)
             config.seconds = time.perf_counter() - t0
             progress(config)
     finally:
@@ -358,6 +362,11 @@ def check_runs(runs: Sequence[RunSpec], path: str | Path,
                     out.append(Problem(str(path), f"{prefix}task {c.task!r}"
                                        f"{f' ({label})' if label else ''}: {message}",
                                        line=line_of(experiment, "task"), experiment=experiment))
+        for c in mine:
+            label = _label(c, mine)
+            notes += [Problem(str(path), f"note: task {c.task!r}{f' ({label})' if label else ''}: "
+                              f"{message}", line=line_of(experiment, "task"), experiment=experiment)
+                      for message in c.switch_notes.get(experiment, [])]
         wrong: dict[str, Config] = {}
         for c in mine:
             for r in c.runs:

@@ -67,13 +67,30 @@ def compare(
     fmt: Annotated[Format, typer.Option(
         "--format", metavar="FORMAT", help=f"Output format: {choices(Format)}. csv has columns "
         "such as loss_mean, loss_std and n.")] = Format.table,
+    by_source: Annotated[bool, typer.Option(
+        "--by-source", help="For experiments that vary their sources of randomness one at a "
+        "time (grid = { vary = [...] }): per source, the spread of each metric over its seeds "
+        "(std, range, 95% CI of the mean) next to the spread when all sources vary.")] = False,
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
     """Mean ± std over seeds per cell, the best cell per metric, deltas vs the baseline."""
     from gridrun.analysis.ablation import AnalysisError, ablation
     from gridrun.analysis.tables import format_table, notes
 
+    if by_source and by:
+        fail("--by-source groups by the experiment's sources: leave out --by")
     frame = _runs(root, experiment)
+    if by_source:
+        from gridrun.analysis.bysource import by_source as spread
+        from gridrun.analysis.bysource import format_sources
+
+        try:
+            text = format_sources(spread(frame, experiment, metric=metric, final=final), fmt.value)
+        except AnalysisError as exc:
+            fail(str(exc))
+        typer.echo(text, nl=False)
+        _notes(notes(frame))
+        return
     try:
         table = ablation(frame, experiment, by=by.split(",") if by else None,
                                metric=metric, final=final)

@@ -10,7 +10,7 @@ import typer
 from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, working
 
 
-def run_folder(run: str, root: Path) -> Path:
+def run_folder(run: str, root: Path, doing: str = "verify") -> Path:
     """A run folder given as a path, or the folder of the run whose id starts with `run`."""
     from gridrun.runs import layout, states
 
@@ -29,7 +29,7 @@ def run_folder(run: str, root: Path) -> Path:
         except RunNotFound as e:
             fail(str(e))
     if found.status in (states.QUEUED, states.RUNNING):
-        fail(f"run {found.id} is {found.status}: verify it once it has ended")
+        fail(f"run {found.id} is {found.status}: {doing} it once it has ended")
     return found.run_dir(root)
 
 

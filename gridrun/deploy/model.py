@@ -85,15 +85,28 @@ class LoadedRun:
 
     @cached_property
     def task(self) -> Task:
-        """The run's Task, built by its factory after seeding as the trainer does."""
+        """The run's Task, built by its factory after seeding as the trainer does
+        (the init source's seed, the run's switches while the factory runs)."""
+        from gridrun import randomness
+        from gridrun.spec import sources
         from gridrun.train.seeding import seed_everything
 
-        seed_everything(self.spec.seed)
+        seed_everything(sources.seeds_of(self.spec.trainer, self.spec.seed)["init"])
+        previous = randomness.configure(sources.switched_off(self.spec.trainer))
         try:
             return resolve(self.spec.task)(**self.spec.task_args)
         except Exception as exc:  # the factory is the user's code
             raise DeployError(f"run {self.id}: task {self.spec.task!r} cannot be built: "
                               f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            randomness.configure(previous)
+
+    @property
+    def augment_seed(self) -> int:
+        """The seed of the run's data streams (the augment source's)."""
+        from gridrun.spec import sources
+
+        return sources.seeds_of(self.spec.trainer, self.spec.seed)["augment"]
 
     def checkpoint_path(self, which: str = "best") -> Path:
         if which not in CHECKPOINTS:
@@ -138,7 +151,7 @@ class LoadedRun:
         data = self.task.raw_val_data if raw else self.task.val_data
         if data is None:
             raise DeployError(f"run {self.id}: task {self.spec.task!r} declares no raw_val_data")
-        return val_loader(data, self.spec.trainer, seed=self.spec.seed,
+        return val_loader(data, self.spec.trainer, seed=self.augment_seed,
                           collate_fn=self.task.collate_fn, cuda=torch.device(device).type == "cuda")
 
     def evaluate(self, checkpoint: str = "best", device: str | torch.device = "cpu") -> dict[str, float]:

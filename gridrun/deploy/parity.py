@@ -51,7 +51,7 @@ def unseen_batch(run: Any, sig: Signature, data: Any) -> tuple[str, Any] | None:
     first = None
     for i in range(min(64, len(data) // UNSEEN_SIZE)):
         indices = list(range(i * UNSEEN_SIZE, (i + 1) * UNSEEN_SIZE))
-        batch = fetch[(stream_seed(run.spec.seed, VALIDATION, 1_000_000 + i), indices)]
+        batch = fetch[(stream_seed(run.augment_seed, VALIDATION, 1_000_000 + i), indices)]
         sizes = sig.dim_sizes(sig.call_inputs(batch))
         if first is None:
             first = batch

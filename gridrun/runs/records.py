@@ -271,6 +271,7 @@ class Summary:
     unused_parameters: list[str] = field(default_factory=list)  # trainable, no grad at step 1
     environment: dict[str, Any] | None = None  # versions, GPU, CUDA_VISIBLE_DEVICES (environment.py)
     divergence: dict[str, Any] | None = None  # where a diverged run broke (diverge.py)
+    randomness: dict[str, Any] | None = None  # each source's seed, separate streams, switches off
     warnings: list[str] = field(default_factory=list)
     provenance: dict[str, Any] | None = None  # git commit, dirty flag (older summaries)
 

@@ -3,8 +3,9 @@
 Nothing here imports torch, so `gridrun plan` and the TUI stay fast; checking
 task keys imports the task factory's module (and whatever that imports).
 
-    keys.py      the trainer keys, the aliases users type, the check of one value
     errors.py    Problem, SpecError, where a problem is in the file
+    sources.py   the sources of randomness: their seeds (vary, pins) and switches
+    keys.py      the trainer keys, the aliases users type, the check of one value
     model.py     RunSpec, ExperimentSpec, EngineConfig, run ids, config.toml
     validate.py  the file's tables checked, every problem collected
     engine.py    the [engine] table checked (local, ray and slurm keys)

@@ -14,6 +14,7 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
+from gridrun.spec import sources
 from gridrun.spec.errors import Problem, SpecError
 from gridrun.spec.expand import label
 from gridrun.spec.keys import (
@@ -98,8 +99,10 @@ def derive(run: RunSpec, overrides: Mapping[str, Any] | str) -> RunSpec:
             else:
                 refuse(key, f"expected an integer >= 0, got {value!r}")
             continue
-        if key in RESERVED:
-            hint = "; give seed=N for another seed" if key == "seeds" else ""
+        if key in RESERVED or key == sources.VARY:
+            hint = {"seeds": "; give seed=N for another seed",
+                    sources.VARY: " (it spreads a file's seeds over the sources); pin a "
+                                  "source's seed instead, e.g. seed_order=3"}.get(key, "")
             refuse(key, f"{key!r} cannot change in a clone{hint}")
             continue
         if key in TRAINER_KEYS:
@@ -130,6 +133,8 @@ def derive(run: RunSpec, overrides: Mapping[str, Any] | str) -> RunSpec:
         target[key] = changed[key] = cleaned
     if problems:
         raise SpecError(problems)
+    if seed != run.seed:
+        trainer = sources.with_seed(trainer, seed)
     words = [w for w in run.variant.split() if w.partition("=")[0] not in changed]
     variant = " ".join(x for x in (" ".join(words), label(changed)) if x)
     return RunSpec(id=run_id(run.experiment, run.task, trainer, task_args, seed),

@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from gridrun.spec import sources
 from gridrun.spec.keys import TRAINER_KEYS
 from gridrun.spec.model import ExperimentSpec, RunSpec, format_value, run_id
 
@@ -45,10 +46,13 @@ def expand(exp: ExperimentSpec) -> list[RunSpec]:
             task_args = {**exp.task_defaults,
                          **{k: v for k, v in resolved.items() if k not in TRAINER_KEYS}}
             axes = {k: cell[k] for k in varying}
-            name = " ".join(x for x in (ablation, label(axes)) if x)
+            base = exp.seeds[0]  # with `vary`, the seed of the sources that do not vary
+            name = " ".join(x for x in (ablation, label(axes),
+                                        *sources.label(trainer, axes, base)) if x)
             for seed in exp.seeds:
+                mine = sources.apply_vary(trainer, seed, base)
                 runs.append(RunSpec(
-                    id=run_id(exp.name, exp.task, trainer, task_args, seed),
+                    id=run_id(exp.name, exp.task, mine, task_args, seed),
                     experiment=exp.name, variant=name, seed=seed, task=exp.task,
-                    trainer=dict(trainer), task_args=dict(task_args), axes=axes, ablation=ablation))
+                    trainer=mine, task_args=dict(task_args), axes=axes, ablation=ablation))
     return runs

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gridrun.spec import sources
 from gridrun.spec.errors import nearest, toml_type
 
 RESERVED = ("task", "grid", "zip", "ablations", "seeds")  # the matrix's own keys, not run keys
@@ -41,6 +42,9 @@ def in_run_id(trainer: Any) -> dict[str, Any]:
     out = {k: v for k, v in trainer.items() if k not in TRAINER_KEYS or TRAINER_KEYS[k].affects_results}
     if not trainer.get("compile") or out.get("compile_mode") == "default":
         out.pop("compile_mode", None)
+    for k in sources.KEYS:  # the randomness keys: at their defaults, ids are those of before them
+        if k in out and out[k] == TRAINER_KEYS[k].default:
+            del out[k]
     return out
 
 
@@ -91,6 +95,17 @@ TRAINER_KEYS: dict[str, Key] = {k.name: k for k in [
         affects_results=False),
     Key("max_retries", "integer", 0, "times the engine retries a failed run", min=0,
         affects_results=False),
+    # the sources of randomness and their switches (spec/sources.py); each is part of
+    # the run id only when it is not its default
+    Key("vary", "source or array of sources", "all", "the sources that follow `seeds` (init, "
+        "order, augment, model); the others stay at the first seed of the list"),
+    *(Key(pin, 'integer or "seed"', "seed", f"the seed of the {source} source (\"seed\": the "
+          "run's seed)") for source, pin in sources.PINS.items()),
+    Key("shuffle", "boolean", True, "false: the training data in index order, every epoch"),
+    Key("augmentation", "boolean", True, "false: the task is told augmentation is off "
+        "(gridrun.randomness.enabled(\"augment\")); the data streams still run"),
+    Key("dropout_layers", "boolean", True, "false: dropout modules run as the identity in "
+        "training"),
 ]}
 
 
@@ -145,6 +160,17 @@ KEY_ALIASES: dict[str, str] = {
     **dict.fromkeys(("gradient_checkpointing", "activation_checkpointing", "checkpoint_activations",
                      "grad_checkpointing"), "checkpoint_modules"),
     **dict.fromkeys(("torch_compile_mode", "compilation_mode"), "compile_mode"),
+    # the sources of randomness (a task's own `augment` or `dropout` key is its own)
+    **dict.fromkeys(("sources", "vary_sources", "varies", "vary_source"), "vary"),
+    **dict.fromkeys(("init_seed", "weights_seed", "seed_weights"), "seed_init"),
+    **dict.fromkeys(("order_seed", "data_order_seed", "shuffle_seed", "sampler_seed"),
+                    "seed_order"),
+    **dict.fromkeys(("augment_seed", "augmentation_seed", "seed_augmentation"), "seed_augment"),
+    **dict.fromkeys(("dropout_seed", "seed_dropout"), "seed_model"),
+    **dict.fromkeys(("shuffle_data", "random_order", "data_shuffle"), "shuffle"),
+    **dict.fromkeys(("augment", "augmentations", "use_augmentation", "data_augmentation"),
+                    "augmentation"),
+    **dict.fromkeys(("dropout", "use_dropout", "dropouts"), "dropout_layers"),
 }
 
 # Values other tools spell their own way, for keys with a fixed set of choices.
@@ -267,6 +293,10 @@ def check_trainer_value(key: Key, value: Any) -> tuple[Any, str | None]:
         if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
             return list(value), None
         return None, f"expected an array of class names (strings), {got}"
+    if key.type == "source or array of sources":
+        return sources.check_vary(value)
+    if key.type == 'integer or "seed"':
+        return sources.check_pin(value)
     if key.type == "array of 2 floats":
         if (isinstance(value, list) and len(value) == 2 and all(_is_number(b) for b in value)
                 and all(0 <= b < 1 for b in value)):

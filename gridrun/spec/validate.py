@@ -10,6 +10,7 @@ import math
 import re
 from typing import Any
 
+from gridrun.spec import sources
 from gridrun.spec.errors import LineIndex, Problem, toml_type
 from gridrun.spec.keys import (
     NO_DEFAULT,
@@ -230,6 +231,9 @@ def _experiment(c: Checker, name: str, table: Any, defaults: dict[str, Any]) -> 
                 clean[key] = cleaned
         ablations[variant] = clean
 
+    clash = sources.conflict([keys, grid, zipped, *ablations.values()])
+    if clash:
+        c.add(clash, *path, experiment=name, key=sources.VARY)
     seeds_value, seeds_path = ((table["seeds"], (*path, "seeds")) if "seeds" in table
                                else (defaults.get("seeds", [0]), ("defaults", "seeds")))
     seeds = c.seeds(seeds_value, seeds_path, name)

@@ -6,8 +6,10 @@ sample). `ToModelInput`, the task's `preprocess`, turns raw images into the
 CNN's input, (raw - 64) / 128 as float32 [N, 1, H, W]; the dataset calls it on
 every sample, and `export-model` ships it with the weights.
 
-Light augmentation (a random shift and flip of the raw image) draws from
-torch's global RNG, the way augmentation code is usually written: gridrun
+Light augmentation (a random shift and flip of the raw image; off with the
+task key `augment = false`, or a run's `augmentation = false`, which the data
+asks `gridrun.randomness.enabled("augment")` about) draws from torch's global
+RNG, the way augmentation code is usually written: gridrun
 fetches every batch under its own random stream, so each (seed, epoch, sample)
 gets its own view, the same whatever `num_workers` is and wherever a run
 resumed.
@@ -20,6 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset
 
+from gridrun import randomness
 from gridrun.tasks import InputInfo, Task
 
 CLASSES = ("square", "disc", "cross", "triangle")
@@ -79,7 +82,7 @@ class Shapes(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         label = i % len(CLASSES)
         image = self.images[i]
-        if self.augment:
+        if self.augment and randomness.enabled("augment"):  # `augmentation = false` says no
             shift = torch.randint(-2, 3, (2,)).tolist()
             image = torch.roll(image, shifts=shift, dims=(1, 2))
             if torch.rand(()) < 0.5:

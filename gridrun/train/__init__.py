@@ -11,6 +11,7 @@
     checkpoint   atomic checkpoints that load with weights_only=True
     diagnostics  gradient norm, data wait, memory per log point
     levers       activation checkpointing, torch.compile
+    switches     the randomness switches the trainer applies: dropout modules off
     optim        optimizer and learning-rate schedule
     environment  the software and hardware a run ran on
     diverge      where a NaN was born: a deterministic replay to the first bad op

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader
 
-from gridrun.spec import RunSpec
+from gridrun import randomness
+from gridrun.spec import RunSpec, sources
 from gridrun.tasks import Task, resolve
-from gridrun.train import environment, levers
+from gridrun.train import environment, levers, switches
 from gridrun.train.data import count_samples, train_loader, val_loader
 from gridrun.train.diagnostics import Diagnostics, model_facts
 from gridrun.train.optim import build_optimizer
-from gridrun.train.seeding import seed_everything, set_determinism
+from gridrun.train.seeding import model_seed, seed_everything, set_determinism
 
 if TYPE_CHECKING:
     from gridrun.train.trainer import Probe
@@ -43,6 +44,7 @@ class Setup:
 
     cfg: Mapping[str, Any]  # the run's trainer keys
     seed: int
+    seeds: Mapping[str, int]  # each source's seed (spec/sources.py): init, order, augment, model
     device: torch.device
     task: Task
     model: torch.nn.Module
@@ -78,11 +80,18 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
         warn(f"CUDA_VISIBLE_DEVICES={environment.gpus_given()} are stand-ins "
              f"({environment.STAND_INS}=1): trained on the CPU")
     summary["determinism"] = set_determinism(cfg["deterministic"], compiled=cfg["compile"])
+    # CPU kernels split their sums by thread: another count, other bits (gridrun repro sets it)
+    summary["determinism"]["cpu_threads"] = torch.get_num_threads()
     summary["environment"] = environment.describe(device, summary["determinism"])
     torch.autograd.set_detect_anomaly(cfg["detect_anomaly"])
-    seed_everything(run.seed)
+    seeds, separate, off = randomness_of(run, summary)
+    randomness.configure(off)  # before the factory: a task may ask while it builds
+    seed_everything(seeds["init"])
     task: Task = resolve(run.task)(**run.task_args)
     model = task.model.to(device)
+    if "dropout" in off and not switches.dropout_off(model):
+        warn("dropout_layers = false changed nothing: no dropout module of the model drops "
+             "anything")
     summary["parameters"], summary["dtype"] = model_facts(model)
     levers.checkpoint_modules(model, cfg["checkpoint_modules"])
     probe.attach(model)
@@ -108,9 +117,11 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
         raise ValueError(f"early_stop_metric {metric!r} is not a metric of task {run.task!r}: "
                          f"it reports {', '.join(task.metrics)}")
     summary["metrics"], summary["early_stop_metric"] = dict(task.metrics), metric
-    val_data = val_loader(task.val_data, cfg, seed=run.seed, collate_fn=task.collate_fn,
+    val_data = val_loader(task.val_data, cfg, seed=seeds["augment"], collate_fn=task.collate_fn,
                           cuda=device.type == "cuda")
-    return Setup(cfg=cfg, seed=run.seed, device=device, task=task, model=model,
+    if separate:  # what the model draws from here on is the model source's alone
+        seed_everything(model_seed(seeds["model"]))
+    return Setup(cfg=cfg, seed=run.seed, seeds=seeds, device=device, task=task, model=model,
                  step_model=step_model, optimizer=optimizer, scaler=scaler, autocast=autocast,
                  precision=precision, diagnostics=diagnostics, val_data=val_data,
                  count_samples=task.count_samples or count_samples,
@@ -118,7 +129,17 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
                  direction=task.metrics[metric])
 
 
+def randomness_of(run: RunSpec, summary: dict[str, Any]) -> tuple[dict[str, int], bool, list[str]]:
+    """(each source's seed, whether they draw from streams of their own, the switches
+    off) of `run`, recorded in the summary."""
+    seeds = sources.seeds_of(run.trainer, run.seed)
+    separate, off = sources.separated(run.trainer), sources.switched_off(run.trainer)
+    summary["randomness"] = {"seeds": seeds, "separate": separate, "switched_off": off}
+    return seeds, separate, off
+
+
 def training_loader(setup: Setup) -> DataLoader:
     """The run's one training loader; `step.micro_batches` points it at each epoch."""
-    return train_loader(setup.task.train_data, setup.cfg, seed=setup.seed,
-                        collate_fn=setup.task.collate_fn, cuda=setup.device.type == "cuda")
+    return train_loader(setup.task.train_data, setup.cfg, seed=setup.seeds["order"],
+                        augment_seed=setup.seeds["augment"], collate_fn=setup.task.collate_fn,
+                        cuda=setup.device.type == "cuda")

@@ -1,13 +1,15 @@
 """The data path: seeded order, and random streams that follow the data.
 
-Every batch is fetched under its own random state, derived from (run seed,
-epoch, batch index): python's `random`, NumPy's global generator and torch's
-CPU generator are seeded from it around the dataset's `__getitem__` calls and
-the `collate_fn`, and restored afterwards in the main process. Whatever a task
+Every batch is fetched under its own random state, derived from (the seed of
+the run's augment source, by default the run's seed; epoch; batch index):
+python's `random`, NumPy's global generator and torch's CPU generator are
+seeded from it around the dataset's `__getitem__` calls and the `collate_fn`,
+and restored afterwards in the main process. Whatever a task
 draws there (augmentation, as users write it) depends only on which batch it
 is: not on which process fetched it, how many workers there are, whether they
 persist, the prefetch depth, or where a resume started. Dropout and other
-randomness in the model keep the main stream, which checkpoints carry.
+randomness in the model keep the main stream, which checkpoints carry. The
+order of the training data comes from the order source's seed (spec/sources.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
 
+from gridrun import randomness
 from gridrun.train.seeding import data_seed, stream_seed, worker_init_fn
 
 VALIDATION = -1  # the "epoch" of validation streams: every evaluation sees the same view
@@ -36,8 +39,10 @@ class BatchKeys(Sampler[tuple[int, list[int]]]):
     """
 
     def __init__(self, size: int, batch_size: int, seed: int, *, shuffle: bool = True,
-                 drop_last: bool = True):
+                 drop_last: bool = True, augment_seed: int | None = None):
         self.size, self.batch_size, self.seed, self.shuffle = size, batch_size, seed, shuffle
+        # the order source seeds the permutation; the augment source the batches' streams
+        self.augment_seed = seed if augment_seed is None else augment_seed
         self.batches = size // batch_size if drop_last else -(-size // batch_size)
         self.epoch, self.start = 0, 0
 
@@ -52,7 +57,7 @@ class BatchKeys(Sampler[tuple[int, list[int]]]):
             order = list(range(self.size))
         bs = self.batch_size
         for b in range(self.start, self.batches):
-            yield stream_seed(self.seed, self.epoch, b), order[b * bs:(b + 1) * bs]
+            yield stream_seed(self.augment_seed, self.epoch, b), order[b * bs:(b + 1) * bs]
 
     def __len__(self) -> int:
         return max(self.batches - self.start, 0)
@@ -65,6 +70,7 @@ class SeededBatches(Dataset):
         self.dataset, self.collate_fn = dataset, collate_fn or default_collate
         self.batched = bool(getattr(dataset, "__getitems__", None))
         self.numpy_batch = None  # created in the process that fetches (workers unpickle a copy)
+        self.switched_off = randomness.switched_off()  # told to workers, however they start
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -91,6 +97,8 @@ def batch_streams(owner: SeededBatches, stream: int) -> Iterator[None]:
     batches would see the next one change. The checkpoint keeps it either way.
     """
     main = get_worker_info() is None
+    if not main:
+        randomness.configure(owner.switched_off)
     if owner.numpy_batch is None:
         owner.numpy_batch = np.random.MT19937(0)
     saved_python = random.getstate() if main else None
@@ -130,10 +138,13 @@ def _loader(dataset: Any, keys: BatchKeys, cfg: Mapping[str, Any], collate_fn: A
 
 
 def train_loader(dataset: Any, cfg: Mapping[str, Any], *, seed: int, collate_fn: Any,
-                 cuda: bool) -> DataLoader:
+                 cuda: bool, augment_seed: int | None = None) -> DataLoader:
     """A loader for the whole run; call `start_epoch` before iterating each epoch.
-    Only whole batches are drawn, so every step sees as many samples."""
-    keys = BatchKeys(len(dataset), cfg["batch_size"], seed)
+    Only whole batches are drawn, so every step sees as many samples. `seed` orders
+    the data (the order source), `augment_seed` (default: `seed`) seeds the streams;
+    `shuffle = false` keeps the index order."""
+    keys = BatchKeys(len(dataset), cfg["batch_size"], seed, shuffle=cfg.get("shuffle", True),
+                     augment_seed=augment_seed)
     return _loader(dataset, keys, cfg, collate_fn, cuda, cfg["num_workers"])
 
 

@@ -17,6 +17,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # seeds every CUDA device too, lazily
 
 
+def model_seed(seed: int) -> int:
+    """The seed of the model source's stream, when a run's sources draw from streams
+    of their own: a 63-bit hash of the seed, so that it never replays what the
+    init source drew from the same seed."""
+    key = f"model:{seed}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+
 def data_seed(seed: int, epoch: int) -> int:
     """The seed of one epoch's data order: distinct per (seed, epoch), stable across runs."""
     return (seed * 1_000_003 + epoch * 7_919 + 12_345) % 2**63

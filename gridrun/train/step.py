@@ -27,7 +27,7 @@ def micro_batches(loader: DataLoader, setup: Setup, state: TrainState) -> Iterat
     The loop stops asking when it is done, so no epoch is started for nothing."""
     while state.step < setup.total:
         epoch = state.epoch
-        start_epoch(loader, setup.seed, epoch, state.position)
+        start_epoch(loader, setup.seeds["order"], epoch, state.position)
         for batch in setup.diagnostics.batches(loader):
             yield batch
             if state.epoch != epoch:

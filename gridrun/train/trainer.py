@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from gridrun import randomness
 from gridrun.runs import layout, records, states
 from gridrun.runs.runlog import MetricsWriter
 from gridrun.spec import RunSpec
@@ -72,6 +73,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         log(f"warning: {message}")
 
     device, setup, state, writer = torch.device("cpu"), None, None, None
+    switched_off = randomness.switched_off()  # the run sets its own; put back at its end
     try:
         # ---- seed and build
         device = environment.pick_device()  # a GPU it was given and cannot use: fail, never the CPU
@@ -133,6 +135,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
     except Exception as exc:
         record_exception(summary, exc, device, state, run.trainer["detect_anomaly"], log)
     finally:
+        randomness.configure(switched_off)
         if writer is not None:
             writer.close()
     summary["peak_memory_bytes"] = peak_memory(device, setup.diagnostics.peak if setup else 0)

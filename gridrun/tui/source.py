@@ -163,6 +163,7 @@ class Source(Protocol):
     def queue_file(self, path: str) -> str: ...
     def clone(self, run_id: str, override: str) -> str: ...
     def compare(self, experiment: str) -> Table: ...
+    def compare_sources(self, experiment: str) -> Table: ...
     def export_csv(self, experiment: str, path: str, *, force: bool = False) -> str: ...
     def export_model(self, run_id: str) -> str: ...
 
@@ -282,6 +283,12 @@ class FakeSource:
     def compare(self, experiment: str) -> Table:
         self.actions.append(("compare", experiment))
         return self._tables.get(experiment, Table(experiment, ("variant",), ()))
+
+    def compare_sources(self, experiment: str) -> Table:
+        """The table keyed `"EXPERIMENT by source"` in `tables`."""
+        self.actions.append(("compare_sources", experiment))
+        return self._tables.get(f"{experiment} by source",
+                                Table(experiment, ("",), (), note="no sources vary"))
 
     def export_model(self, run_id: str) -> str:
         self.actions.append(("export_model", run_id))

@@ -370,6 +370,24 @@ class StoreSource:
             shown = self._shown[experiment] = (t, shown[1] if same else table)
         return shown[1]
 
+    def compare_sources(self, experiment: str) -> Table:
+        """The spread of each metric by source of randomness (`compare --by-source`'s cells)."""
+        from gridrun.analysis import bysource, frames
+        from gridrun.analysis.ablation import AnalysisError
+
+        try:
+            with self._compare_lock:
+                frame = self._frames.setdefault(experiment,
+                                                frames.ExperimentFrame(self.root, experiment))
+                if frame.refresh(self.store):
+                    frame.table = None  # the ablation table is made again when asked
+                t = bysource.by_source(frame.rows, experiment)
+        except AnalysisError as e:
+            return Table(experiment, ("",), (), note=str(e))
+        header, rows = bysource.cells(t)
+        return Table(experiment, tuple(header), tuple(map(tuple, rows)),
+                     note=bysource.legend(t))
+
     def export_csv(self, experiment: str, path: str, *, force: bool = False) -> str:
         """Atomically; an existing file raises FileExistsError unless `force`, a
         symbolic link is refused (ValueError) even then."""

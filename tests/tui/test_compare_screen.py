@@ -36,3 +36,28 @@ async def test_loading_until_the_table_is_built_and_csv_defaults_to_the_cwd(make
         await pilot.press("e")
         assert isinstance(app.screen, Prompt)
         assert app.screen.query_one("#answer").value == str(tmp_path / "lr-sweep.csv")
+
+
+@aio
+async def test_s_shows_the_spread_by_source_and_back(make_app):
+    from gridrun.tui.source import Table
+
+    app, src = make_app()
+    src._tables["lr-sweep"] = Table("lr-sweep", ("vary", "seeds", "best val loss ↓"),
+                                    (("all", "5", "0.45 ± 0.02"), ("init", "5", "0.46 ± 0.05")))
+    src._tables["lr-sweep by source"] = Table(
+        "lr-sweep", ("source", "seeds", "loss ↓ mean ± 95% CI", "std", "range", "std/all"),
+        (("init", "5", "0.46 ± 0.06", "0.05", "0.12", "2.41"),
+         ("all", "5", "0.45 ± 0.03", "0.02", "0.05", "1.00")), note="spread over seeds")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("t")
+        await until(pilot, lambda: getattr(app.screen, "shown", None) is not None)
+        screen = app.screen
+        assert "s: the spread of each metric by source" in str(screen.query_one("#note").render())
+        await pilot.press("s")
+        await until(pilot, lambda: screen.shown.columns[0] == "source")
+        assert "compare by source: lr-sweep" in str(screen.query_one("#title").render())
+        assert ("compare_sources", "lr-sweep") in src.actions
+        await pilot.press("s")
+        await until(pilot, lambda: screen.shown.columns[0] == "vary")

@@ -155,3 +155,17 @@ async def test_the_interface_shows_the_lost_queue_warning(tmp_path):
         await until(pilot, lambda: noticed)
         (text, severity), = noticed
         assert "holds 2 run folders" in text and severity == "warning"
+
+
+def test_compare_by_source_over_run_folders(tmp_path):
+    from test_bysource import build  # tests/ is on sys.path (conftest.py)
+
+    build(tmp_path)
+    with Store(tmp_path):
+        pass
+    src = StoreSource(tmp_path)
+    table = src.compare_sources("src")
+    assert table.columns[:3] == ("source", "seeds", "loss ↓ mean ± 95% CI")
+    assert [r[0] for r in table.rows] == ["init", "order", "init+order", "all"]
+    assert "(the others at the first seed)" in table.note
+    assert "does not vary its sources" in src.compare_sources("plain").note

@@ -1,4 +1,5 @@
-"""`t`: the live ablation table of an experiment; `e` exports it as CSV."""
+"""`t`: the live ablation table of an experiment; `e` exports it as CSV; `s` shows
+the spread of each metric by source of randomness instead (`compare --by-source`)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class CompareScreen(Screen):
     CSS_PATH = "compare.tcss"
     BINDINGS: ClassVar = [
         Binding("e", "export", "export CSV"),
+        Binding("s", "by_source", "spread by source", show=False),
         Binding("escape,backspace", "app.pop_screen", "back"),
         Binding("j", "cursor_down", "down", show=False),
         Binding("k", "cursor_up", "up", show=False),
@@ -33,10 +35,15 @@ class CompareScreen(Screen):
         super().__init__()
         self.experiment = experiment
         self.shown: Table | None = None
+        self.by_source = False  # `s`: the spread by source of randomness
+
+    def title_text(self) -> str:
+        if self.by_source:
+            return f" compare by source: {self.experiment}  (s: the ablation table; refreshes live)"
+        return f" compare: {self.experiment}  (best per column in bold; refreshes live)"
 
     def compose(self) -> ComposeResult:
-        yield Static(f" compare: {self.experiment}  (best per column in bold; refreshes live)",
-                     id="title")
+        yield Static(self.title_text(), id="title")
         yield DataTable(id="ablation", cursor_type="row")
         yield Static("", id="note")
         yield KeyBar(("export", "app.pop_screen", "app.help", "app.quit"))
@@ -48,8 +55,14 @@ class CompareScreen(Screen):
 
     @work(thread=True, group="compare", exclusive=True, exit_on_error=False)
     def load(self) -> None:
-        table = self.app.source.compare(self.experiment)
+        source = self.app.source
+        table = (source.compare_sources if self.by_source else source.compare)(self.experiment)
         self.app.call_from_thread(self.show, table)
+
+    def action_by_source(self) -> None:
+        self.by_source = not self.by_source
+        self.query_one("#title", Static).update(self.title_text())
+        self.load()
 
     @refresh
     def show(self, t: Table) -> None:
@@ -66,7 +79,10 @@ class CompareScreen(Screen):
                          for j, c in enumerate(cells)))
         if t.rows:
             dt.move_cursor(row=min(row, len(t.rows) - 1))
-        self.query_one("#note", Static).update(t.note or ("no runs yet" if not t.rows else ""))
+        note = t.note or ("no runs yet" if not t.rows else "")
+        if not self.by_source and "vary" in t.columns:  # an experiment that varies its sources
+            note += "\ns: the spread of each metric by source of randomness"
+        self.query_one("#note", Static).update(note)
 
     def action_cursor_down(self) -> None:
         self.query_one(DataTable).action_cursor_down()
