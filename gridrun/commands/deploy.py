@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
             "--checkpoint", help="best.pt (the best validation metric) or last.pt.")] = Checkpoint.best,
         fmt: Annotated[ModelFormat, typer.Option(
             "--format", help="onnx (needs the export extra), pt2 (a torch.export archive) or "
-            "torchscript (torch.jit.trace: control flow is frozen at the example).")] = ModelFormat.onnx,
+            "torchscript (traced: control flow is frozen at the example).")] = ModelFormat.onnx,
         output: Annotated[Path | None, typer.Option(
             "-o", "--output", dir_okay=False, metavar="FILE", help="The model file; parity.json and model.json go "
             "beside it. Default: model.onnx (model.pt2, model.ts.pt) in the run folder's "
@@ -44,11 +44,13 @@ def register(app: typer.Typer) -> None:
             "--atol", min=0, metavar="X", help="Absolute tolerance (default per dtype: 1e-4 for float32).")] = None,
         rtol: Annotated[float | None, typer.Option(
             "--rtol", min=0, metavar="X", help="Relative tolerance (default per dtype: 1e-3 for float32).")] = None,
-        with_preprocess: Annotated[bool | None, typer.Option(
-            "--with-preprocess/--no-preprocess", show_default=False,
-            help="Export the task's preprocess and the model as one graph whose input is the raw "
-            "sample (e.g. a uint8 image), or the model alone. Default: with it when the task "
-            "declares one.")] = None,
+        with_preprocess: Annotated[bool, typer.Option(
+            "--with-preprocess", help="Export the task's preprocess and the model as one graph "
+            "whose input is the raw sample (e.g. a uint8 image): the default when the task "
+            "declares a preprocess.")] = False,
+        no_preprocess: Annotated[bool, typer.Option(
+            "--no-preprocess", help="Export the model alone: its input is the preprocessed "
+            "tensor.")] = False,
         static: Annotated[bool, typer.Option(
             "--static", help="Fix every input dimension: the batch at the example's size, a "
             "dimension with a max (sort's length) at its max; smaller inputs are fed padded. "
@@ -67,6 +69,8 @@ def register(app: typer.Typer) -> None:
         model; `gridrun predict` serves the folder. Exit 0 when within tolerance, 1 when
         not (the files are kept, marked), 2 when the run cannot be exported.
         """
+        if with_preprocess and no_preprocess:
+            fail("--with-preprocess and --no-preprocess contradict each other: give one")
         with working("importing torch", quiet=as_json) as status:
             from gridrun.deploy.model import DeployError, export_model, load_run
             from gridrun.deploy.parity import table
@@ -80,7 +84,8 @@ def register(app: typer.Typer) -> None:
                 status.update(f"building the model of run {loaded.id}")
                 report = export_model(loaded, checkpoint=checkpoint.value, fmt=fmt.value,
                                       out=output, batches=batches, atol=atol, rtol=rtol,
-                                      preprocess=with_preprocess, static=static, log=said)
+                                      preprocess=True if with_preprocess else False if no_preprocess
+                                      else None, static=static, log=said)
             except DeployError as e:
                 fail(str(e))
         folder = (output.parent if output else loaded.folder / "export" / checkpoint.value)

@@ -15,9 +15,9 @@ def register(app: typer.Typer) -> None:
     @app.command("predict")
     def predict(
         export_dir: Annotated[Path, typer.Argument(
-            help="The folder export-model wrote (model.json and the model file), or the model file.")],
+            metavar="EXPORT_DIR", help="The folder export-model wrote (model.json and the model file), or the model file.")],
         inputs: Annotated[list[Path], typer.Argument(
-            help="Input files: an image (PNG, JPEG, ...; needs Pillow), a .npy (.npz for several "
+            metavar="INPUT...", help="Input files: an image (PNG, JPEG, ...; needs Pillow), a .npy (.npz for several "
             "inputs), or JSON (an array, or an object with one array per input name). A single "
             "sample or a batch.")],
         top: Annotated[int, typer.Option("--top", "-k", min=1, help="Classes shown per sample.")] = 3,

@@ -13,7 +13,8 @@ from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
 def register(app: typer.Typer) -> None:
     @app.command()
     def repro(
-        run: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough) or a run folder.")],
+        run: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough) or a run folder.",
+                                           metavar="RUN")],
         steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps the script "
                                            "takes (the schedule stays the run's own).")] = 50,
         output: Annotated[Path, typer.Option("-o", "--output", dir_okay=False,
