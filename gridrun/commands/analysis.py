@@ -33,7 +33,9 @@ def _runs(root: Path, experiment: str | None) -> Any:
     (see gridrun.analysis.frames); a root without a store from its folders. Rows,
     not a DataFrame: `compare` never imports pandas."""
     from gridrun.analysis import frames
+    from gridrun.commands.common import open_root
 
+    open_root(root)  # a missing, unsafe or system root: one line, nothing created
     frame = frames.load_rows(root, experiment)
     if frame.empty:
         known = frames.experiments(root) if experiment is not None else []
@@ -114,11 +116,12 @@ def export(
         if frame.empty:
             fail(f"no {status} runs under {root}" + (f" in {experiment!r}" if experiment else ""))
     skipped: dict[str, int] = {}
+    refused: list[str] = []
     try:
         if what is What.metrics:
             statuses = dict(zip(frame["id"], frame["status"], strict=True))
             rows = export_metrics(root, out, experiment, status, statuses, force=force,
-                                  skipped=skipped)
+                                  skipped=skipped, refused=refused)
         elif what is What.ablation:
             rows = write_frame(ablation_table(frame, experiment), out, force=force)
         else:
@@ -129,7 +132,8 @@ def export(
         fail(str(exc))
     except OSError as exc:
         fail(f"cannot write {out}: {exc.strerror or exc}")
-    _notes([*notes(runs), *(runlog.skipped_note(n, path) for path, n in skipped.items())])
+    _notes([*notes(runs), *refused,
+            *(runlog.skipped_note(n, path) for path, n in skipped.items())])
     typer.echo(f"wrote {rows:,} rows ({what.value}) to {out}")
 
 
