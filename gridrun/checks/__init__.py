@@ -3,7 +3,8 @@
     verify     replay a run and compare it bit for bit with what it recorded
     verdict    RUN_DIR/verify.json, its one writer and reader (no torch)
     taskcheck  a task factory tried once before anything is queued
-    doctor     the root, the store, the engine and the machine checked
+    doctor     the root, the store, the disk, the engine and the machine checked
+    rebuild    the queue rebuilt from the run folders (`doctor --rebuild`), never over a sound store
 
 May import every package below it (engine, train, runs, spec, tasks).
 """
