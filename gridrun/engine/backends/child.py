@@ -59,7 +59,7 @@ def lock_holder(run_dir: str | os.PathLike) -> dict | None:
     """{"pid", "start_time"} of the process holding the run's lock, or None if free."""
     path = Path(run_dir) / LOCK
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     try:
@@ -79,10 +79,13 @@ def lock_holder(run_dir: str | os.PathLike) -> dict | None:
 
 
 def read_exit_record(run_dir: str | os.PathLike) -> dict | None:
-    try:
-        return json.loads((Path(run_dir) / EXIT_RECORD).read_text())
+    try:  # never through a link, never a pipe
+        fd = os.open(Path(run_dir) / EXIT_RECORD, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            record = json.loads(f.read(4096))
     except (OSError, ValueError):
         return None
+    return record if isinstance(record, dict) else None
 
 
 def _capture_output(path: Path) -> subprocess.Popen | None:
