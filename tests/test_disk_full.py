@@ -269,3 +269,18 @@ def test_the_damage_message_tells_the_disk_from_the_file(tmp_path, monkeypatch):
         assert "nothing needs rebuilding" in str(found) and "--rebuild` moves" not in str(found)
     notadb = diagnose(db, error("SQLITE_NOTADB", "file is not a database"))
     assert isinstance(notadb, StoreDamaged) and "--rebuild" in str(notadb)
+
+
+def test_doctor_does_not_call_an_engine_ok_while_runs_say_running_without_one(tmp_path):
+    """Finding 1's last part, without a tmpfs: runs left `running` by an engine that is
+    gone are named, with the start that requeues them."""
+    root = tmp_path / "runs"
+    run = slow_run(seed=0)
+    with Store(root) as store:
+        store.enqueue([run])
+        store.transition(run.id, states.QUEUED, states.RUNNING, slot="cpu0", pid=2**22 + 7)
+    _, out = gridrun("doctor", "--root", str(root), "--json")
+    checks = {c["check"]: c for c in json.loads(out[out.index("["):])}
+    assert checks["engine"]["status"] == "warn", checks["engine"]
+    assert "1 run says running but no engine runs" in checks["engine"]["message"]
+    assert "gridrun engine start" in checks["engine"]["message"]

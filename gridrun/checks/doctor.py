@@ -145,7 +145,8 @@ def check_engine(root: Path, store: Any = None) -> Check:
                      + (", starting its backend" if st.starting else ""))
     stranded = _stranded(store)
     if stranded:
-        return Check("engine", WARN, f"{_n(stranded, 'run')} say running but no engine runs: "
+        says = "says" if len(stranded) == 1 else "say"
+        return Check("engine", WARN, f"{_n(stranded, 'run')} {says} running but no engine runs: "
                      f"`gridrun engine start --root {_q(root)}` queues them again (they resume "
                      "from their checkpoints)", tuple(stranded))
     if holder is not None:

@@ -28,7 +28,7 @@ from gridrun.runs import layout
 LOCK, PID, LOG = "engine.lock", "engine.pid", "engine.log"
 HEARTBEAT = "engine_heartbeat"  # scheduler.HEARTBEAT (not imported: status stays light)
 NOT_RESPONDING_AFTER = 15.0  # seconds without a heartbeat (it beats every second)
-PID_SIZE = 1024  # engine.pid is padded to this: rewritten in place, it needs no new space
+PID_SIZE = 4096  # engine.pid is padded to a page: rewritten in place, it needs no new space
 
 
 class PidFile:
@@ -68,7 +68,7 @@ class PidFile:
 
 def read_pid_file(root: Path) -> dict[str, Any]:
     """engine.pid's record ({} if none); a read that meets a rewrite in place is retried."""
-    for _ in range(5):
+    for _ in range(3):
         try:
             with open(root / PID, "rb") as f:
                 info = json.loads(f.read(PID_SIZE * 4) or b"{}")
@@ -76,7 +76,7 @@ def read_pid_file(root: Path) -> dict[str, Any]:
         except FileNotFoundError:
             return {}
         except (OSError, ValueError):
-            time.sleep(0.01)
+            time.sleep(0.005)
     return {}
 
 

@@ -83,8 +83,11 @@ class DiskSpace:
         self.since, self.why = None, ""
         log.info("disk space is back on %s (%s free) after %.0f s: resuming", self.root,
                  space.human(free), waited)
-        self.announce({"waiting_for_space": None, "paused": [], "free_bytes": None,
-                       "t": time.time()})
+        try:
+            self.announce({"waiting_for_space": None, "paused": [], "free_bytes": None,
+                           "t": time.time()})
+        except OSError as e:  # never a reason to stop
+            log.debug("could not announce the end of the wait: %s", e)
         return True
 
     def beat(self, *, force: bool = False, paused: list[str] | None = None) -> None:
