@@ -274,3 +274,25 @@ def blowup(at: int = 4, train_size: int = 512) -> Task:
 
     task.loss = loss
     return task
+
+
+class _Many(torch.utils.data.Dataset):
+    """`n` samples made on demand: a training set as long as asked, at no cost."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int):
+        g = torch.Generator().manual_seed(index)
+        return torch.randn(2, generator=g), torch.tensor(index % 3)
+
+
+def huge_data(train_size: int = 1024) -> Task:
+    """spirals with a training set of `train_size` samples made on demand (a run of
+    more steps than any real one, for the bounds' tests)."""
+    task = spirals(hidden=8, depth=1, train_size=64, val_size=32)
+    task.train_data = _Many(train_size)
+    return task

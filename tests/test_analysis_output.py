@@ -1,6 +1,7 @@
 """Table formats, exports and the `compare` / `export` commands on real run folders."""
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -140,8 +141,12 @@ def test_cli_compare_errors(grid_root, tmp_path):
     assert result.exit_code == 2
     assert "no experiment 'nope'" in result.output and "there are: grid" in result.output
     empty = tmp_path / "empty"
+    result = cli("compare", "--root", empty)  # a reader creates nothing (issue 24)
+    assert result.exit_code == 2 and "no such root" in result.output and not empty.exists()
+    empty.mkdir(mode=0o700)
     result = cli("compare", "--root", empty)
-    assert result.exit_code == 2 and "gridrun run" in result.output and not empty.exists()
+    assert result.exit_code == 2 and "gridrun run" in result.output
+    assert os.listdir(empty) == []
     result = cli("compare", "--metric", "bleu", "--root", grid_root)
     assert result.exit_code == 2 and "loss, accuracy" in result.output
     result = cli("compare", "--by", "seed", "--root", grid_root)

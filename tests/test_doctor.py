@@ -287,7 +287,8 @@ def test_rebuild_refuses_an_unsafe_root_and_moves_nothing(copy, tmp_path):
 def test_rebuild_keeps_a_healthy_store_unless_forced(copy):
     before = ls(copy)
     code, out = gridrun("doctor", "--rebuild", "--root", str(copy))
-    assert code == 2 and "reads fine and holds 6 runs" in out and "--force" in out
+    assert code == 2 and "passes SQLite's integrity check and holds 6 runs" in out \
+        and "--force" in out
     assert not [p for p in copy.iterdir() if ".damaged-" in p.name]
     code, out = gridrun("doctor", "--rebuild", "--force", "--root", str(copy))
     assert code == 0 and ls(copy) == before
@@ -304,7 +305,7 @@ def test_doctor_on_a_healthy_root(copy):
     code, out = gridrun("doctor", "--root", str(copy))
     assert code == 0, out
     assert [line.split()[:2] for line in out.splitlines()] == [
-        ["ok", "root"], ["ok", "store"], ["ok", "engine"], ["ok", "heartbeat"],
+        ["ok", "root"], ["ok", "store"], ["ok", "disk"], ["ok", "engine"], ["ok", "heartbeat"],
         ["ok", "temporaries"], ["ok", "gpu"], ["ok", "environment"]]
     assert "integrity ok; 4 completed, 2 failed" in out
     assert "engine not running; its last heartbeat was" in out  # the engine beat while it ran

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from gridrun.spec import TRAINER_KEYS, Key, load_runs
+from gridrun.spec.keys import number
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 START, END = "<!-- trainer-keys:start -->", "<!-- trainer-keys:end -->"
@@ -28,13 +29,14 @@ def allowed(key: Key) -> str:
     bits = []
     for op, bound in ((">=", key.min), (">", key.above), ("<=", key.max), ("<", key.below)):
         if bound is not None:
-            bits.append(f"{op} {bound:g}")
+            bits.append(f"{op} {number(bound)}")
     special = {
         "boolean": "`true` \\| `false`",
         'boolean or "auto"': "`true` \\| `false` \\| `auto`",
         "array of 2 floats": "each in [0, 1)",
         "array of strings": "class names of the model's modules",
-        "float or integer": "a float in [0, 1), or an integer >= 0",
+        "float or integer": "a float in [0, 1), or an integer >= 0"
+                            + (f", <= {number(key.max)}" if key.max is not None else ""),
         "source or array of sources": "`all`, `init`, `order`, `augment`, `model`, or an array "
                                       "of sources",
         'integer or "seed"': "an integer >= 0, or `seed`",

@@ -40,8 +40,13 @@ def test_top_level_root_reaches_train_and_ls(here):
 
 def test_gridrun_root_variable_and_who_wins(here):
     runner = CliRunner()
+    # a reader creates nothing (issue 24): the roots exist first
+    assert runner.invoke(app, ["ls"], env={"GRIDRUN_ROOT": "y"}).output == "no such root: y\n"
+    assert not (here / "y").exists()
+    for name in ("y", "z", "w", "runs"):
+        (here / name).mkdir(mode=0o700)
     assert runner.invoke(app, ["ls"], env={"GRIDRUN_ROOT": "y"}).exit_code == 0
-    assert (here / "y").is_dir() and not (here / "runs").exists()
+    assert not (here / "y" / "gridrun.db").exists()
     # the top-level option beats the variable; a command's own option beats both
     out = runner.invoke(app, ["--root", "z", "engine", "status"], env={"GRIDRUN_ROOT": "y"})
     assert "root z" in out.output

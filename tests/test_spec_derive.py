@@ -203,8 +203,9 @@ def test_one_read_gives_runs_and_the_engine_table(tmp_path, monkeypatch):
     f = tmp_path / "e.toml"
     f.write_text(MATRIX + "\n[engine]\ncpu_slots = 3\n")
     reads = []
-    real = Path.read_text
-    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: reads.append(self) or real(self, *a, **k))
+    loading = sys.modules["gridrun.spec.load"]  # the module (the package exports its `load`)
+    real = loading.read_text  # the one bounded reader of experiment files (issue 24)
+    monkeypatch.setattr(loading, "read_text", lambda path, *a, **k: reads.append(path) or real(path, *a, **k))
     loaded = load(f)
     assert reads == [f]
     assert len(loaded.runs) == 2 and loaded.engine == EngineConfig(cpu_slots=3)

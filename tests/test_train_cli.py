@@ -29,8 +29,11 @@ def test_train_runs_the_only_cell_and_resumes(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["step"] == summary["total_steps"] == 14
     assert (run_dir / "config.toml").exists() and (run_dir / "checkpoints" / "last.pt").exists()
+    before = (run_dir / "summary.json").read_bytes()
     again = CliRunner().invoke(app, ["train", str(file), "--root", str(root)])
-    assert again.exit_code == 0 and "resumed from step 14" in again.output
+    # a completed cell trained again keeps what it recorded, timings included (issue 24)
+    assert again.exit_code == 0 and "completed before" in again.output, again.output
+    assert (run_dir / "summary.json").read_bytes() == before
     fresh = CliRunner().invoke(app, ["train", str(file), "--root", str(root), "--fresh"])
     assert fresh.exit_code == 0 and "resumed" not in fresh.output
 

@@ -238,6 +238,8 @@ def test_bad_input_exits_2_with_one_line(copy, tmp_path):
     assert "holds no step" in run(str(copy), "--from-checkpoint")
     shutil.rmtree(copy / layout.CHECKPOINTS)
     assert "no checkpoint" in run(str(copy), "--from-checkpoint")
+    assert "no such root" in run("abc", "--root", str(tmp_path / "empty"))  # created by nothing
+    (tmp_path / "empty").mkdir(mode=0o700)
     assert "neither a run folder" in run("abc", "--root", str(tmp_path / "empty"))
     damaged = layout.make_private_dir(tmp_path / "damaged")
     (damaged / layout.DB_NAME).write_bytes(b"not a database " * 100)

@@ -1,6 +1,7 @@
 """Finished and running runs turned into tables: no torch, no engine.
 
     frames    runs -> one row per run (from the store, or the folders)
+    experiment_frame  one experiment's rows kept between refreshes
     ablation  tables over seeds: mean, std, CI, deltas with Welch's p
     bysource  the spread of each metric by source of randomness
     tdist     Student's t, without scipy

@@ -9,6 +9,7 @@ only when asked (`force`), and a symbolic link is never written through.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -21,6 +22,7 @@ import pandas as pd
 from gridrun.analysis.ablation import AnalysisError
 from gridrun.runs import layout, runlog, states
 from gridrun.runs import records as rec
+from gridrun.runs.layout import UnsafePath
 
 EXPORT_COLUMNS = ["run_id", "step", "epoch", "split", "metric", "value"]
 
@@ -130,11 +132,12 @@ def _long(records: list[dict[str, Any]], run_ids: list[str]) -> pd.DataFrame:
 
 
 def _run_folders(root: Path, experiment: str | None) -> Iterable[tuple[str, Path]]:
+    """Real run folders (a link is never followed; its files' readers say so)."""
     for exp_dir in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         if experiment is not None and exp_dir.name != experiment:
             continue
         for folder in sorted(exp_dir.iterdir()):
-            if (folder / layout.CONFIG).is_file():
+            if os.path.lexists(folder / layout.CONFIG):
                 yield folder.name, folder
 
 
@@ -150,11 +153,13 @@ def _status(folder: Path, statuses: Mapping[str, str]) -> str:
 def export_metrics(root: str | os.PathLike, out: str | os.PathLike, experiment: str | None = None,
                    status: str | None = None, statuses: Mapping[str, str] | None = None, *,
                    force: bool = False, skipped: dict[str, int] | None = None,
+                   refused: list[str] | None = None,
                    chunk_bytes: int = 1 << 22, flush_lines: int = 100_000) -> int:
     """Every metrics line as long-format rows, streamed: memory stays around
     `flush_lines` log lines (plus one chunk) whatever the total. Written
     atomically (see `atomic_file`). Lines that are not records are left out and
-    counted in `skipped` ({metrics.jsonl path: lines})."""
+    counted in `skipped` ({metrics.jsonl path: lines}); a log that is a link (or in a
+    folder that is one) is never followed: one line for it in `refused`."""
     out = Path(out)
     parquet = out.suffix == ".parquet"
     pa = _parquet_module() if parquet else None
@@ -166,6 +171,7 @@ def export_metrics(root: str | os.PathLike, out: str | os.PathLike, experiment: 
     writer: Any = None
     statuses = statuses or {}
     skipped = {} if skipped is None else skipped
+    refused = [] if refused is None else refused
 
     with atomic_file(out, force=force, binary=parquet) as f:
         def flush() -> None:
@@ -189,9 +195,15 @@ def export_metrics(root: str | os.PathLike, out: str | os.PathLike, experiment: 
             if status is not None and _status(folder, statuses) != status:
                 continue
             path = folder / layout.METRICS
-            if not path.exists():
+            if not os.path.lexists(path):
                 continue
-            for got in runlog.iter_chunks(path, chunk_bytes):
+            chunks = runlog.iter_chunks(path, chunk_bytes)
+            try:
+                first = next(chunks, None)  # opens the file: a link is refused here
+            except UnsafePath as e:
+                refused.append(str(e))
+                continue
+            for got in itertools.chain([first] if first is not None else [], chunks):
                 if got.skipped:
                     skipped[str(path)] = skipped.get(str(path), 0) + got.skipped
                 lines = [r for r in got.records if r[rec.SPLIT] != rec.START]  # no values

@@ -8,8 +8,8 @@ the store has no summary of, is read from its folder (summary.json, then what
 its metrics log says so far). A root without a store, and a run folder the
 store does not know, are read from the files: config.toml, summary.json,
 metrics.jsonl. A frame can be of one experiment: nothing of the others is
-read. `ExperimentFrame` keeps one experiment's frame between refreshes and
-reads again only the runs that changed (the compare screen's).
+read. `ExperimentFrame` (experiment_frame.py) keeps one experiment's frame
+between refreshes and reads again only the runs that changed.
 
 Metric directions are the task's own ("metrics": {name: "lower" | "higher"} in
 summary.json, or in a live run's start line); where no run declares one,
@@ -28,19 +28,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gridrun.analysis.rowtable import RowTable
-from gridrun.runs import layout, progress, records, runlog, states
-from gridrun.spec import RunSpec, read_run_config
+from gridrun.runs import layout, nofollow, progress, records, runlog, states
+from gridrun.spec import RunSpec, parse_run_config
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from gridrun.runs.store import Run, Store
+    from gridrun.runs.store import Run
 
 BASE = ["id", "experiment", "variant", "ablation", "seed", "task", "status"]
 RUN_FIELDS = ["step", "total_steps", "best_step", "started_at", "ended_at", "wall_time_s",
               "train_loss", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "device",
               "precision", "error"]
 PENDING = (states.QUEUED, states.RUNNING, states.INTERRUPTED)
+CONFIG_MAX = 1 << 20  # a config.toml bigger than this is not one gridrun wrote
 
 
 def _checked(spec: RunSpec) -> RunSpec | None:
@@ -53,9 +54,10 @@ def _checked(spec: RunSpec) -> RunSpec | None:
 
 def _read_config(path: Path) -> RunSpec | None:
     """A run folder's config.toml, or None when it is not one gridrun wrote:
-    unreadable, not TOML, nested too deep, or a field of the wrong type."""
+    unreadable, not TOML, nested too deep, or a field of the wrong type. A link
+    (the file or its folders) is never followed: layout.UnsafePath."""
     try:
-        spec = read_run_config(path)
+        spec = parse_run_config(nofollow.read_bytes(path, limit=CONFIG_MAX))
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
     return _checked(spec)
@@ -96,6 +98,8 @@ def _live(path: Path, spec: RunSpec, notes: list[str]) -> dict[str, Any]:
     """What a run without summary.json has logged so far (torn last line skipped;
     lines that are not records are skipped and noted), through the one fold."""
     got = runlog.read(path)
+    if got.refused:
+        notes.append(got.refused)
     if got.skipped:
         notes.append(runlog.skipped_note(got.skipped, path))
     known = progress.Progress.known(early_stop_metric=spec.trainer.get("early_stop_metric"))
@@ -135,7 +139,7 @@ def _entry(spec: RunSpec, folder: Path | None, status: str | None,
     metrics_path = folder / layout.METRICS if folder else None
     if summary is not None:
         data, file_status = summary, summary.get("status")
-    elif metrics_path is not None and metrics_path.exists():
+    elif metrics_path is not None and os.path.lexists(metrics_path):
         data, file_status = _live(metrics_path, spec, entry.notes), states.RUNNING
     else:
         data, file_status = {}, states.QUEUED
@@ -218,9 +222,10 @@ def _run_entry(root: Path, run: Run, status: str | None, cache: dict[str, tuple[
     return entry
 
 
-def _experiment_folders(root: Path, experiment: str | None) -> Iterator[tuple[str, list[str]]]:
+def _experiment_folders(root: Path, experiment: str | None,
+                        refused: list[str] | None = None) -> Iterator[tuple[str, list[str]]]:
     """(experiment, its entries' names, sorted) for each folder of the root, or only
-    `experiment`'s."""
+    `experiment`'s. A link is never followed (noted in `refused`)."""
     if not root.is_dir():
         return
     if experiment is None:
@@ -231,18 +236,28 @@ def _experiment_folders(root: Path, experiment: str | None) -> Iterator[tuple[st
     else:
         names = []
     for name in names:
+        if not nofollow.is_dir(root / name):
+            if refused is not None:
+                refused.append(f"{root / name} is a symbolic link: gridrun never follows a "
+                               "link inside its root, so it was not read")
+            continue
         with contextlib.suppress(OSError):
             yield name, sorted(os.listdir(root / name))
 
 
 def _folder_entry(folder: Path, statuses: Mapping[str, str], provenance: Mapping[str, Any],
-                  skipped: list[str]) -> _Entry | None:
+                  skipped: list[str], refused: list[str]) -> _Entry | None:
     """A run read from its folder alone; None when it is not a run folder (no
-    config.toml) or its config.toml cannot be read (then listed in `skipped`)."""
+    config.toml) or its config.toml cannot be read (then listed in `skipped`), or
+    when the folder or its config.toml is a link (then said in `refused`)."""
     config = folder / layout.CONFIG
-    if not config.is_file():
+    if not os.path.lexists(config):
         return None
-    spec = _read_config(config)
+    try:
+        spec = _read_config(config)
+    except layout.UnsafePath as e:
+        refused.append(str(e))
+        return None
     if spec is None:
         skipped.append(str(folder))
         return None
@@ -289,11 +304,12 @@ def _run_rows(root: Path, statuses: Mapping[str, str], queued: Iterable[RunSpec]
                 orders: dict[str, dict[str, list[str]]]) -> RowTable:
     entries: list[_Entry] = []
     skipped: list[str] = []
+    refused: list[str] = []  # links, never followed
     if runs is not None:
         rows = [r for r in runs if experiment is None or r.experiment == experiment]
         by_id = {r.id: r for r in rows}
         placed: set[str] = set()
-        for exp, names in _experiment_folders(root, experiment):
+        for exp, names in _experiment_folders(root, experiment, refused):
             for name in names:
                 run = by_id.get(name)
                 got = None
@@ -302,7 +318,7 @@ def _run_rows(root: Path, statuses: Mapping[str, str], queued: Iterable[RunSpec]
                 if got is not None:
                     placed.add(name)
                 else:
-                    got = _folder_entry(root / exp / name, statuses, {}, skipped)
+                    got = _folder_entry(root / exp / name, statuses, {}, skipped, refused)
                 if got is not None:
                     entries.append(got)
         for run in rows:
@@ -314,21 +330,21 @@ def _run_rows(root: Path, statuses: Mapping[str, str], queued: Iterable[RunSpec]
                 del cache[stale]
     else:
         seen = set()
-        for exp, names in _experiment_folders(root, experiment):
+        for exp, names in _experiment_folders(root, experiment, refused):
             for name in names:
-                got = _folder_entry(root / exp / name, statuses, provenance, skipped)
+                got = _folder_entry(root / exp / name, statuses, provenance, skipped, refused)
                 if got is not None:
                     seen.add(got.row["id"])
                     entries.append(got)
         for spec in queued:
             if spec.id not in seen and (experiment is None or spec.experiment == experiment):
                 entries.append(_entry(spec, None, statuses.get(spec.id), provenance.get(spec.id)))
-    return _table(entries, skipped)
+    return _table(entries, skipped, refused)
 
 
-def _table(entries: list[_Entry], skipped: list[str]) -> RowTable:
+def _table(entries: list[_Entry], skipped: list[str], refused: list[str] = ()) -> RowTable:
     directions: dict[str, str] = {}
-    notes: list[str] = []
+    notes: list[str] = list(refused)
     config_columns: dict[str, None] = {}
     columns: dict[str, None] = {}
     axes: dict[str, None] = {}
@@ -365,7 +381,7 @@ def store_runs(root: str | os.PathLike, experiment: str | None = None) -> list[R
     try:
         from gridrun.runs.store import Store
 
-        with Store(root) as store, collector_paused():
+        with Store(root, create=False, create_store=False) as store, collector_paused():
             return store.list_runs(experiment=experiment)
     except Exception:
         return None  # files alone still give a table
@@ -389,52 +405,9 @@ def experiments(root: str | os.PathLike) -> list[str]:
         with contextlib.suppress(Exception):
             from gridrun.runs.store import Store
 
-            with Store(root) as store:
+            with Store(root, create=False, create_store=False) as store:
                 names.update(store.experiments())
     for exp, entries in _experiment_folders(root, None):
         if exp not in names and any((root / exp / e / layout.CONFIG).is_file() for e in entries):
             names.add(exp)
     return sorted(names)
-
-
-class ExperimentFrame:
-    """One experiment's rows kept between refreshes: a run is read again only when
-    its store row changed (the store's seq) or, while it runs, its metrics log
-    grew; with nothing changed, a refresh is one indexed query and a stat of the
-    experiment's folder and of each running run's log."""
-
-    def __init__(self, root: str | os.PathLike, experiment: str) -> None:
-        self.root, self.experiment = Path(root), experiment
-        self.rows: RowTable | None = None
-        self.table: Any = None  # a caller's table of `rows`, kept with them
-        self._seq = 0
-        self._runs: list[Run] = []
-        self._cache: dict[str, tuple[Any, _Entry]] = {}
-        self._orders: dict[str, dict[str, list[str]]] = {}
-        self._folder: tuple[int, int] | None = None
-        self._live: dict[str, tuple[int, int] | None] = {}
-
-    def refresh(self, store: Store) -> bool:
-        """Bring `rows` up to date with the store and the folders; True when they changed."""
-        folder = _stamp(self.root / self.experiment)
-        if self.rows is None:
-            self._runs = store.list_runs(experiment=self.experiment)
-            self._seq = max((r.seq for r in self._runs), default=0)
-        else:
-            changed, self._seq = store.changes_since(self._seq, experiment=self.experiment)
-            live = {i: _stamp(self._log(i)) for i in self._live}
-            if not changed and folder == self._folder and live == self._live:
-                return False
-            if changed:
-                self._runs = store.list_runs(experiment=self.experiment)
-                self._seq = max([self._seq, *(r.seq for r in self._runs)])
-        self._folder, self.table = folder, None
-        self.rows = run_rows(self.root, runs=self._runs, experiment=self.experiment,
-                             cache=self._cache, orders=self._orders)
-        self._live = {i: key[2] for i, (key, _) in self._cache.items() if key[1] == states.RUNNING}
-        return True
-
-    def _log(self, run_id: str) -> Path:
-        return layout.run_dir(self.root, self.experiment, run_id) / layout.METRICS
-
-

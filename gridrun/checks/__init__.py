@@ -5,7 +5,8 @@
     taskcheck  a task factory tried once before anything is queued
     switchcheck  randomness switches a task ignores (`plan --check` notes)
     repro      a run as a standalone script that prints its first losses
-    doctor     the root, the store, the engine and the machine checked
+    doctor     the root, the store, the disk, the engine and the machine checked
+    rebuild    the queue rebuilt from the run folders (`doctor --rebuild`), never over a sound store
 
 May import every package below it (engine, train, runs, spec, tasks).
 """

@@ -1,5 +1,5 @@
-"""Checks of the machine, the root and the store (`gridrun doctor`), and the
-rebuild of a lost or damaged store from the run folders (`--rebuild`).
+"""Checks of the machine, the root and the store (`gridrun doctor`); the rebuild of
+a lost or damaged store from the run folders (`--rebuild`) is rebuild.py's.
 
 Each check returns one `Check`: ok, warn or FAIL and one line that says what to
 do. Nothing here imports torch at the top (the GPU check does, inside), and
@@ -9,15 +9,14 @@ nothing here speaks SQL: the store does.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gridrun.runs import layout, runlog, states
+from gridrun.runs import layout, states
 from gridrun.runs.rundirs import (  # noqa: F401  (lost_queue_warning: re-exported)
     COUNT_LIMIT,
     count_run_dirs,
@@ -50,6 +49,9 @@ def _q(path: Path) -> str:
 def check_root(root: Path) -> Check:
     """The root, what is in it and its run folders: the user's, not writable by
     others, no symlinks inside (the same rules the engine and the store refuse by)."""
+    special = layout.system_folder(root)
+    if special:
+        return Check("root", FAIL, special)
     if not root.exists():
         return Check("root", OK, f"{root} does not exist yet (created 0700 at the first queue)")
     problems = layout.root_problems(root, deep=True)
@@ -71,8 +73,9 @@ def _n(items: list, noun: str) -> str:
 
 
 def check_store(root: Path) -> tuple[Check, Any]:
-    """SQLite's quick_check; a lost queue. Returns the open store too (or None)."""
-    from gridrun.runs.store import Store, StoreDamaged
+    """SQLite's quick_check; a lost queue. Returns the open store too (or None). Opens
+    it as a reader: nothing is created; a full disk is said as such, not as damage."""
+    from gridrun.runs.store import Store, StoreError
 
     db = root / layout.DB_NAME
     if not db.is_file():
@@ -83,9 +86,9 @@ def check_store(root: Path) -> tuple[Check, Any]:
                          "restores the queue"), None
         return Check("store", OK, f"no store yet at {db} (nothing queued)"), None
     try:
-        store = Store(root)
+        store = Store(root, create=False, create_store=False)
         problems = store.check()
-    except StoreDamaged as e:
+    except StoreError as e:
         return Check("store", FAIL, str(e)), None
     except layout.UnsafeRoot:
         return Check("store", WARN, "not opened: the root is not safe to use (see root)"), None
@@ -100,19 +103,52 @@ def check_store(root: Path) -> tuple[Check, Any]:
         return Check("store", WARN, lost), store
     counts = store.counts()
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no runs"
+    if store.view is not None:  # read as it is on disk: the disk is full, or read-only
+        return Check("store", WARN, f"{db}: integrity ok; {summary}; but {store.view}"), store
     return Check("store", OK, f"{db}: integrity ok; {summary}"), store
 
 
-def check_engine(root: Path) -> Check:
-    """engine.pid and engine.lock: a dead engine's leftovers, a lock nobody can take."""
-    from gridrun.engine import daemon
+def check_disk(root: Path) -> Check:
+    """Free space where the root is: a full disk stops the engine's launches (it waits)."""
+    from gridrun.runs import space
 
-    st = daemon.status(root)
+    where = root if root.exists() else root.absolute().parent
+    free = space.free_bytes(where)
+    if free is None:
+        return Check("disk", WARN, f"cannot tell the free space on {where}")
+    if space.read_only(where):
+        return Check("disk", FAIL, f"{where} is on a read-only file system: nothing can be "
+                     "queued or run there; remount it read-write or use another root")
+    if free < space.RESUME_MARGIN:
+        return Check("disk", FAIL, f"the disk holding {where} is full ({space.human(free)} free): "
+                     "the engine launches nothing and runs pause until there is space; free some "
+                     "(nothing is lost, nothing needs rebuilding)")
+    return Check("disk", OK, f"{space.human(free)} free on the disk holding {where}")
+
+
+def check_engine(root: Path, store: Any = None) -> Check:
+    """engine.pid and engine.lock: a dead engine's leftovers, a lock nobody can take; an
+    engine waiting for disk space; runs that say `running` while no engine runs."""
+    from gridrun.engine import daemon
+    from gridrun.runs import space
+
+    st = daemon.status(root, heartbeat=False)
     pid_file = root / daemon.PID
     holder = _lock_holder(root / daemon.LOCK)
+    if st.running and st.waiting_for_space:
+        since = time.strftime("%H:%M:%S", time.localtime(st.waiting_for_space))
+        return Check("engine", WARN, f"engine running (pid {st.pid}) but waiting for disk space "
+                     f"since {since} ({space.human(st.free_bytes)} free): it launches nothing; "
+                     "free some space and it resumes by itself")
     if st.running:
         return Check("engine", OK, f"engine running (pid {st.pid})"
                      + (", starting its backend" if st.starting else ""))
+    stranded = _stranded(store)
+    if stranded:
+        says = "says" if len(stranded) == 1 else "say"
+        return Check("engine", WARN, f"{_n(stranded, 'run')} {says} running but no engine runs: "
+                     f"`gridrun engine start --root {_q(root)}` queues them again (they resume "
+                     "from their checkpoints)", tuple(stranded))
     if holder is not None:
         return Check("engine", FAIL, f"{root / daemon.LOCK} is held (taken by pid {holder}) but no "
                      "engine runs: a process the engine started still holds it and no engine can "
@@ -121,6 +157,15 @@ def check_engine(root: Path) -> Check:
         return Check("engine", WARN, f"stale {pid_file}: the engine it names is gone (killed?); "
                      "the next `gridrun engine start` replaces it; queued runs are safe")
     return Check("engine", OK, "engine not running; no stale pid file or lock")
+
+
+def _stranded(store: Any) -> list[str]:
+    """Runs the store says the engine runs (not `gridrun train`'s) while no engine runs."""
+    if store is None:
+        return []
+    from gridrun.runs.store import FOREGROUND
+
+    return [r.id for r in store.list_runs(status=states.RUNNING) if r.slot != FOREGROUND]
 
 
 def _lock_holder(lock: Path) -> int | None:
@@ -253,154 +298,15 @@ def check_environment() -> Check:
 def run_checks(root: str | os.PathLike, *, gpu: bool = True) -> list[Check]:
     root = Path(root)
     checks = [check_root(root)]  # first: opening the store would fix its mode
+    if checks[0].status == FAIL and layout.system_folder(root):
+        return checks  # nothing of a system folder is opened
     store_check, store = check_store(root)
     try:
-        checks += [store_check, check_engine(root), check_heartbeat(root, store),
-                   check_temporaries(root, store)]
+        checks += [store_check, check_disk(root), check_engine(root, store),
+                   check_heartbeat(root, store), check_temporaries(root, store)]
     finally:
         if store is not None:
             store.close()
     if gpu:
         checks += [check_gpu(), check_environment()]
     return checks
-
-
-# ---- rebuild ---------------------------------------------------------------------------
-
-class RebuildRefused(Exception):
-    """str() is the one line that says why and what to do."""
-
-
-@dataclass
-class Rebuilt:
-    moved: list[Path] = field(default_factory=list)  # the old store's files, moved aside
-    restored: dict[str, int] = field(default_factory=dict)  # status -> runs
-    resumes: int = 0  # queued runs that resume from a checkpoint
-    stopped: int = 0  # stopped mid-run: restored as cancelled, `gridrun retry` resumes them
-    skipped: list[tuple[Path, str]] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class _Found:
-    spec: Any
-    status: str
-    fields: dict[str, Any]
-    order: float
-
-
-def rebuild(root: str | os.PathLike, *, force: bool = False) -> Rebuilt:
-    """Move the store aside and rebuild the queue's history from the run folders.
-
-    Holds the engine's lock meanwhile, so no engine starts on a half-built store.
-    A store that reads fine and has runs is kept unless `force` (queued runs
-    that never started have no folder, so only the store knows them).
-    """
-    from gridrun.engine import daemon
-    from gridrun.runs.store import Store, StoreDamaged
-
-    root = Path(root)
-    if not root.is_dir():
-        raise RebuildRefused(f"{root} is not a folder: nothing to rebuild from")
-    unsafe = layout.root_problems(root, deep=True)
-    if unsafe:  # a rebuild trusts what the folders hold: never from a root others can write
-        more = f" (+{len(unsafe) - 1} more: `gridrun doctor --root {_q(root)}`)" if len(unsafe) > 1 else ""
-        raise RebuildRefused(f"not rebuilding: {unsafe[0]}{more}")
-    st = daemon.status(root)
-    if st.running:
-        raise RebuildRefused(f"the engine runs on {root} (pid {st.pid}): stop it first with "
-                             f"`gridrun engine stop --root {_q(root)}`, then rebuild")
-    lock = os.open(root / daemon.LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise RebuildRefused(f"{root / daemon.LOCK} is held: an engine is starting or a "
-                                 f"process it started still runs; see `gridrun doctor --root "
-                                 f"{_q(root)}`") from None
-        db = root / layout.DB_NAME
-        if db.exists() and not force:
-            with contextlib.suppress(StoreDamaged), Store(root) as store:
-                if not store.check() and store.has_runs():
-                    n = sum(store.counts().values())
-                    raise RebuildRefused(
-                        f"{db} reads fine and holds {n} runs; a rebuild would keep only what the "
-                        "run folders hold (queued runs that never started would be dropped); "
-                        "add --force to rebuild anyway")
-        out = Rebuilt(moved=_move_aside(db))
-        found = []
-        for run_dir in run_dirs(root):
-            try:
-                found.append(_read_folder(run_dir))
-            except Exception as e:  # a folder we cannot read is reported, never a crash
-                out.skipped.append((run_dir, f"{type(e).__name__}: {e}".splitlines()[0]))
-        found.sort(key=lambda f: f.order)
-        with Store(root) as store:
-            store.enqueue([f.spec for f in found])
-            for f in found:
-                store.transition(f.spec.id, states.QUEUED, f.status, **f.fields)
-                out.restored[f.status] = out.restored.get(f.status, 0) + 1
-                out.resumes += f.status == states.QUEUED and "checkpoint" in f.fields["note"]
-                out.stopped += "stopped mid-run" in f.fields["note"]
-        return out
-    finally:
-        os.close(lock)
-
-
-def _move_aside(db: Path) -> list[Path]:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = db.with_name(f"{db.name}.damaged-{stamp}")
-    n = 1
-    while target.exists():
-        n += 1
-        target = db.with_name(f"{db.name}.damaged-{stamp}-{n}")
-    moved = []
-    for suffix in ("", "-wal", "-shm"):  # the pair keeps SQLite's names: it opens as it was
-        src = db.with_name(db.name + suffix)
-        if src.exists():
-            dst = target.with_name(target.name + suffix)
-            os.replace(src, dst)
-            moved.append(dst)
-    return moved
-
-
-def _read_folder(run_dir: Path) -> _Found:
-    """A run folder -> its spec and the state the store would have given it."""
-    from gridrun.runs.outputlog import output_tail
-    from gridrun.spec import read_run_config
-
-    spec = read_run_config(run_dir / layout.CONFIG)
-    if (spec.experiment, spec.id) != (run_dir.parent.name, run_dir.name):
-        raise ValueError(f"its config.toml is run {spec.experiment}/{spec.id}")
-    summary = runlog.read_summary(run_dir / layout.SUMMARY)
-    mtime = os.stat(run_dir / layout.CONFIG).st_mtime
-    checkpoint = (run_dir / layout.CHECKPOINTS / "last.pt").is_file()
-    if summary is None:
-        note = "rebuilt: " + ("resumes from its checkpoint" if checkpoint else "starts from scratch")
-        return _Found(spec, states.QUEUED, {"note": note, "queued_at": mtime}, mtime)
-    s = summary
-    status = s.status
-    started, ended = _time(s.started_at), _time(s.ended_at)
-    common = {"summary": s.to_json(), "started_at": started, "ended_at": ended or mtime,
-              "queued_at": started or mtime}
-    order = started or mtime
-    if status == states.COMPLETED:
-        return _Found(spec, status, {**common, "note": "completed (rebuilt)"}, order)
-    if status in (states.INTERRUPTED, states.CANCELLED):
-        # a cancelled running run also ends "interrupted" in its folder: never run it again unasked
-        return _Found(spec, states.CANCELLED, {**common, "note": "rebuilt: stopped mid-run "
-                      "(interrupted or cancelled); `gridrun retry` resumes it"}, order)
-    error = "\n".join(str(x) for x in (s.error, s.traceback) if x) or None
-    if status == states.FAILED:
-        tail = output_tail(run_dir)
-        error = (error or "failed") + ("\n\n--- last lines of output.log ---\n" + tail if tail else "")
-        return _Found(spec, status, {**common, "error": error, "note": "failed (rebuilt)"}, order)
-    if status == states.DIVERGED:
-        return _Found(spec, status, {**common, "error": error,
-                                     "note": f"diverged at step {s.diverged_step} (rebuilt)"}, order)
-    if status == states.OOM:
-        return _Found(spec, status, {**common, "error": error, "note": "out of memory (rebuilt)"}, order)
-    raise ValueError(f"its summary.json says status {status!r}")
-
-
-def _time(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) else None

@@ -15,6 +15,7 @@ never block queueing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -32,6 +33,8 @@ from gridrun.checks.rawcheck import check_preprocess
 from gridrun.checks.switchcheck import switch_notes
 from gridrun.spec import RunSpec, format_value
 from gridrun.spec.errors import LineIndex, Problem, nearest
+from gridrun.spec.keys import MAX_STEPS
+from gridrun.spec.load import read_text
 from gridrun.tasks import Task, resolve
 from gridrun.train.seeding import rng_state, seed_everything, set_rng_state
 
@@ -258,8 +261,10 @@ def _eval_step(task: Task, model: nn.Module, batch: Any, metrics: Mapping[str, s
 
 
 def check_task(task_name: str, task_args: Mapping[str, Any], *, seed: int = 0,
-               batch_size: int = 32) -> tuple[list[str], list[str], dict[str, str] | None]:
-    """(problems, notes, the task's metrics or None) for one task configuration."""
+               batch_size: int = 32, sizes: dict[str, int] | None = None
+               ) -> tuple[list[str], list[str], dict[str, str] | None]:
+    """(problems, notes, the task's metrics or None) for one task configuration;
+    `sizes` gets the training set's length ("train") when it has one."""
     found: list[str] = []
     notes: list[str] = []
     seed_everything(seed)
@@ -281,6 +286,9 @@ def check_task(task_name: str, task_args: Mapping[str, Any], *, seed: int = 0,
         found.append(f"model is {type(task.model).__name__}, not a torch.nn.Module")
         return found, notes, metrics and dict(metrics)
     task.model.cpu()
+    if sizes is not None:
+        with contextlib.suppress(Exception):  # no len(): _batch says what is wrong
+            sizes["train"] = len(task.train_data)
     train = _batch(task, task.train_data, batch_size, "train_data", found)
     if train is not None:
         _counts(task, train, found)
@@ -296,6 +304,26 @@ def check_task(task_name: str, task_args: Mapping[str, Any], *, seed: int = 0,
 
 
 # --------------------------------------------------------------------------- a whole file
+
+def total_steps(run: RunSpec, train_size: int) -> int:
+    """The optimizer steps a run takes, as the trainer counts them."""
+    t = run.trainer
+    total = train_size // t["batch_size"] // t["accumulate"] * t["epochs"]
+    return min(total, t["max_steps"]) if t.get("max_steps") else total
+
+
+def _too_long(runs: Sequence[RunSpec], train_size: int | None) -> list[str]:
+    """A run longer than any real run (MAX_STEPS), known once the training set's size is."""
+    if not isinstance(train_size, int):
+        return []
+    longest = max(runs, key=lambda r: total_steps(r, train_size))
+    steps = total_steps(longest, train_size)
+    if steps <= MAX_STEPS:
+        return []
+    return [f"a run would take {steps:,} optimizer steps ({train_size:,} samples, epochs = "
+            f"{longest.trainer['epochs']:,}): more than 2^40 ({MAX_STEPS:,}); lower epochs or "
+            "set max_steps"]
+
 
 def _configs(runs: Sequence[RunSpec]) -> list[Config]:
     by_key: dict[str, Config] = {}
@@ -330,8 +358,10 @@ def check_runs(runs: Sequence[RunSpec], path: str | Path,
             t0 = time.perf_counter()
             first = config.runs[0]
             batch = min(r.trainer["batch_size"] for r in config.runs)
+            sizes: dict[str, int] = {}
             config.problems, config.notes, config.metrics = check_task(
-                config.task, config.task_args, seed=first.seed, batch_size=batch)
+                config.task, config.task_args, seed=first.seed, batch_size=batch, sizes=sizes)
+            config.problems += _too_long(config.runs, sizes.get("train"))
             if not config.problems:  # switches the task ignores
                 config.switch_notes = switch_notes(config.task, config.task_args, config.runs, batch)
             config.seconds = time.perf_counter() - t0
@@ -339,7 +369,10 @@ def check_runs(runs: Sequence[RunSpec], path: str | Path,
     finally:
         set_rng_state(state)
         torch.set_num_threads(threads)
-    text = Path(path).read_text(encoding="utf-8")
+    try:
+        text = read_text(path)  # bounded: only a regular file, at most 1 MB
+    except (OSError, ValueError):
+        text = ""
     lines = LineIndex(text)
 
     def line_of(experiment: str, key: str) -> int | None:

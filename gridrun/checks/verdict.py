@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gridrun.runs import layout
+from gridrun.runs import layout, nofollow
 
 WEIGHTS = "weights"  # the `split` of a difference in the final weights
 
@@ -43,10 +43,11 @@ def write(run_dir: str | os.PathLike, verdict: dict[str, Any]) -> Path:
 
 
 def read(run_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The verdict in RUN_DIR, or None when there is none or it is not one (never raises)."""
+    """The verdict in RUN_DIR, or None when there is none or it is not one, or a link
+    (never followed; never raises)."""
     try:
-        verdict = json.loads((Path(run_dir) / layout.VERIFY).read_text())
-    except (OSError, ValueError):
+        verdict = json.loads(nofollow.read_bytes(Path(run_dir) / layout.VERIFY, limit=1 << 20))
+    except (OSError, ValueError, layout.UnsafePath):
         return None
     if not isinstance(verdict, dict) or not isinstance(verdict.get("ok"), bool):
         return None

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from gridrun.checks import verdict
-from gridrun.runs import layout, records, runlog, states
-from gridrun.spec import read_run_config
+from gridrun.runs import layout, nofollow, records, runlog, space, states
+from gridrun.spec import parse_run_config
 from gridrun.train import checkpoint
 from gridrun.train.trainer import train
 
@@ -51,9 +51,9 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
     started = time.time()
     if steps is not None and steps < 1:
         raise VerifyError(f"--steps must be at least 1, not {steps}")
-    try:
-        run = read_run_config(run_dir / layout.CONFIG)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    try:  # never through a link
+        run = parse_run_config(nofollow.read_bytes(run_dir / layout.CONFIG, limit=1 << 20))
+    except (OSError, ValueError, KeyError, TypeError, layout.UnsafePath) as e:
         raise VerifyError(f"{run_dir}: no readable {layout.CONFIG} ({e})") from None
     start_step, offset = 0, 0
     if from_checkpoint:
@@ -97,6 +97,9 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
         with contextlib.redirect_stderr(io.StringIO()):  # a failure's traceback is in summary
             summary = train(run, scratch, fresh=not from_checkpoint, should_stop=should_stop,
                             log=lambda line: None)
+        if summary["status"] == states.FAILED and space.mentions_no_space(summary["error"]):
+            raise VerifyError(f"{run_dir}: the replay ran out of disk space in {scratch.parent} "
+                              f"({summary['error']}): free some space, then verify again")
         replayed = runlog.read_from(scratch / layout.METRICS, offset)[0]
         if not replayed and summary["status"] == states.FAILED:  # e.g. the task no longer imports
             raise VerifyError(f"{run_dir}: the replay could not start: {summary['error']}")
@@ -117,7 +120,11 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
         "device": summary["device"], "recorded_device": recorded_summary.get("device"),
         "wall_time_s": round(time.time() - started, 3),
     }
-    verdict.write(run_dir, result)
+    try:
+        verdict.write(run_dir, result)
+    except OSError as e:  # a full disk, say: the verdict is still the command's answer
+        raise VerifyError(f"{verdict.describe(result)}; but {run_dir / layout.VERIFY} could "
+                          f"not be written: {e.strerror or e}") from None
     return result
 
 

@@ -33,7 +33,9 @@ def _runs(root: Path, experiment: str | None) -> Any:
     (see gridrun.analysis.frames); a root without a store from its folders. Rows,
     not a DataFrame: `compare` never imports pandas."""
     from gridrun.analysis import frames
+    from gridrun.commands.common import open_root
 
+    open_root(root)  # a missing, unsafe or system root: one line, nothing created
     frame = frames.load_rows(root, experiment)
     if frame.empty:
         known = frames.experiments(root) if experiment is not None else []
@@ -138,23 +140,25 @@ def export(
             if frame.empty:
                 fail(f"no {status} runs under {root}" + (f" in {experiment!r}" if experiment else ""))
         progress.update(f"writing {out}")
-        rows, skipped = _write(what, root, out, experiment, status, frame, force)
-    _notes([*notes(runs), *(runlog.skipped_note(n, path) for path, n in skipped.items())])
+        rows, skipped, refused = _write(what, root, out, experiment, status, frame, force)
+    _notes([*notes(runs), *refused,
+            *(runlog.skipped_note(n, path) for path, n in skipped.items())])
     typer.echo(f"wrote {rows:,} rows ({what.value}) to {out}")
 
 
 def _write(what: What, root: Path, out: Path, experiment: str | None, status: str | None,
-           frame: Any, force: bool) -> tuple[int, dict[str, int]]:
-    """Rows written, and the lines skipped in each metrics log read."""
+           frame: Any, force: bool) -> tuple[int, dict[str, int], list[str]]:
+    """Rows written, the lines skipped in each metrics log read, and the logs refused."""
     from gridrun.analysis.ablation import AnalysisError, ablation_table
     from gridrun.analysis.export import TargetExists, export_metrics, write_frame
 
     skipped: dict[str, int] = {}
+    refused: list[str] = []
     try:
         if what is What.metrics:
             statuses = dict(zip(frame["id"], frame["status"], strict=True))
             rows = export_metrics(root, out, experiment, status, statuses, force=force,
-                                  skipped=skipped)
+                                  skipped=skipped, refused=refused)
         elif what is What.ablation:
             rows = write_frame(ablation_table(frame, experiment), out, force=force)
         else:
@@ -165,7 +169,7 @@ def _write(what: What, root: Path, out: Path, experiment: str | None, status: st
         fail(str(exc))
     except OSError as exc:
         fail(f"cannot write {out}: {exc.strerror or exc}")
-    return rows, skipped
+    return rows, skipped, refused
 
 
 def register(app: typer.Typer) -> None:

@@ -41,6 +41,15 @@ def _given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name == "COMMANDLINE"
 
 
+def _parse_root(value: Any) -> Path:
+    """`--root ''` is refused (it would be the current folder)."""
+    if isinstance(value, Path):
+        return value
+    if not str(value).strip():
+        fail("--root is empty: give the runs root, a folder (default ./runs)")
+    return Path(value)
+
+
 def _root(ctx: typer.Context, param: typer.CallbackParam, value: Path) -> Path:
     """Which root a command uses: its own `--root`, else the top-level
     `gridrun --root DIR`, else $GRIDRUN_ROOT, else ./runs."""
@@ -57,7 +66,7 @@ RootOption = Annotated[
         envvar="GRIDRUN_ROOT",
         help="The runs root (default ./runs, or $GRIDRUN_ROOT, or `gridrun --root DIR CMD`).",
         metavar="DIR",
-        file_okay=False,
+        parser=_parse_root,
         callback=_root,
     ),
 ]
@@ -75,16 +84,55 @@ def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-@contextmanager
-def open_store(root: Path) -> Iterator[Any]:
-    """The store under `root`, for a command: a damaged one ends the command with
-    its one-line reason (exit 2), wherever the damage shows; an empty one while
-    run folders exist says so on stderr first."""
-    from gridrun.runs.layout import UnsafeRoot
-    from gridrun.runs.store import Store, StoreDamaged
+def open_root(root: Path, *, create: bool = False) -> Path:
+    """The one way a command opens a root: a system folder, the home folder, a root
+    others can write or another user's are refused in one line each (exit 2); a
+    missing root is "no such root" unless `create` (only `queue`, `run`, `train` and
+    `engine start` create one, and only under a folder that exists)."""
+    from gridrun.runs.layout import NoSuchRoot, UnsafePath, check_root
 
     try:
-        with Store(root) as store:
+        return check_root(root, create=create)
+    except (UnsafePath, NoSuchRoot) as e:
+        fail(str(e))
+
+
+def refuse_early(root: Path) -> None:
+    """Before a command that queues does any work: the root it will use is refused now
+    if it would be later (without creating it yet), experiment folders included."""
+    from gridrun.runs import layout
+
+    special = layout.system_folder(root)
+    problems = [special] if special else []
+    if not problems and root.exists():
+        problems = layout.root_problems(root) or (
+            [] if root.is_dir() else [f"{root} is not a folder: give a folder as the runs root"])
+    elif not problems:
+        problems = [why] if (why := layout.cannot_create(root)) else []
+    if problems:
+        fail("\n".join(problems))
+
+
+@contextmanager
+def open_store(root: Path, *, create: bool = False, write: bool = True) -> Iterator[Any]:
+    """The store under `root`, for a command (the root opened as `open_root` does).
+    `write=False` is a reader's: a root without a store reads as empty and nothing
+    is created; a store on a full disk is read as it is on disk. Any trouble ends the
+    command with its one-line reason (exit 2), wherever it shows: damage, a full disk,
+    a read-only file system or permissions are told apart. An empty store while run
+    folders exist says so on stderr first."""
+    from gridrun.runs.layout import NoSuchRoot, UnsafePath
+    from gridrun.runs.store import Store, StoreError
+
+    open_root(root, create=create)
+    try:
+        store = Store(root, create=create, create_store=write)
+    except (StoreError, UnsafePath, NoSuchRoot) as e:  # one line each, with what to do
+        fail(str(e))
+    except OSError as e:
+        fail(f"cannot use the root {root}: {e.strerror or e}")
+    try:
+        with store:
             if not store.has_runs():
                 from gridrun.checks.doctor import lost_queue_warning
 
@@ -92,7 +140,7 @@ def open_store(root: Path) -> Iterator[Any]:
                 if warning:
                     typer.echo(f"warning: {warning}", err=True)
             yield store
-    except (StoreDamaged, UnsafeRoot) as e:  # one line each, with what to do
+    except (StoreError, UnsafePath) as e:  # damage found later, a write on a full disk
         fail(str(e))
 
 

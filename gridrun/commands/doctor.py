@@ -12,8 +12,10 @@ from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, working
 
 def doctor(root: RootOption = DEFAULT_ROOT,
            rebuild: Annotated[bool, typer.Option(
-               "--rebuild", help="Move the store aside (gridrun.db.damaged-TIME) and rebuild the "
-               "queue's history from the run folders. Refused while the engine runs.")] = False,
+               "--rebuild", help="Rebuild the queue's history from the run folders into a new "
+               "store, then move the old one aside (gridrun.db.damaged-TIME). Refused while the "
+               "engine runs, for a store that passes SQLite's integrity check, and for one the "
+               "disk (full, read-only) or permissions keep from being used.")] = False,
            force: Annotated[bool, typer.Option(
                "--force", help="With --rebuild: replace a store that reads fine too.")] = False,
            as_json: Annotated[bool, typer.Option("--json", help="The checks as one JSON array.")] = False,
@@ -25,8 +27,8 @@ def doctor(root: RootOption = DEFAULT_ROOT,
     if rebuild:
         _rebuild(root, force, as_json)
         return
-    with working("checking the root, the store, the engine and the GPUs", quiet=as_json):
-        results = checks.run_checks(root)
+    with working("checking the root, the store, the disk, the engine and the GPUs", quiet=as_json):
+        results = checks.run_checks(root)  # creates nothing: a missing root is said so
     if as_json:
         typer.echo(json.dumps([c.to_dict() for c in results], indent=1))
     else:
@@ -36,7 +38,7 @@ def doctor(root: RootOption = DEFAULT_ROOT,
 
 
 def _rebuild(root, force: bool, as_json: bool) -> None:
-    from gridrun.checks import doctor as checks
+    from gridrun.checks import rebuild as checks
 
     try:
         with working("rebuilding the queue from the run folders", quiet=as_json):

@@ -48,10 +48,15 @@ def provenance(cwd: Path | None = None) -> dict:
             "queued_at": time.time()}
 
 
-def _store(root: Path):
+def _store(root: Path, *, create: bool = False, write: bool = True):
     from gridrun.commands.common import open_store
 
-    return open_store(root)
+    return open_store(root, create=create, write=write)
+
+
+def _reader(root: Path):
+    """A read-only command's store: creates nothing, a missing root is "no such root"."""
+    return _store(root, write=False)
 
 
 def _resolve(store, prefixes: list[str]) -> list[str]:
@@ -73,11 +78,9 @@ def _queue(file: Path, root: Path, force: bool,
         runs, engine = loaded.runs, loaded.engine
         if engine is not None:
             check_backend(engine)
-        from gridrun.runs.layout import root_problems
+        from gridrun.commands.common import refuse_early
 
-        unsafe = root_problems(root)  # a symlinked or foreign experiment folder, say
-        if unsafe:
-            fail("\n".join(unsafe))
+        refuse_early(root)  # a system folder, a symlinked or foreign experiment folder, say
         if check:
             from gridrun.commands.plan import check_or_exit
 
@@ -88,7 +91,7 @@ def _queue(file: Path, root: Path, force: bool,
         fail(f"{file}: {e}\nnothing was queued")
     except KeyboardInterrupt:
         fail("\ninterrupted: nothing was queued", INTERRUPTED)
-    with _store(root) as store:
+    with _store(root, create=True) as store:
         queued, skipped = store.enqueue(runs, provenance(file.resolve().parent), force=force)
         if engine is not None:
             # applies at the engine's next start (a running engine keeps its slots),
@@ -155,7 +158,7 @@ def _results(root: Path, file: Path, runs: list) -> None:
     except ImportError:
         return
     try:
-        with _store(root) as store:
+        with _reader(root) as store:
             statuses = {r.id: r.status for r in store.list_runs(ids=[r.id for r in runs])}
         typer.echo(tables.comparison_text(root, experiments, statuses).rstrip())
     except Exception as e:  # the table is a courtesy; the runs are done either way
@@ -180,7 +183,7 @@ def engine_start(root: RootOption = DEFAULT_ROOT,
     try:
         with working("starting the engine"):
             st = daemon.start(root)
-    except layout.UnsafeRoot as e:
+    except (layout.UnsafePath, layout.NoSuchRoot) as e:
         fail(str(e))
     except RuntimeError as e:
         fail(str(e), 1)
@@ -191,8 +194,10 @@ def engine_stop(root: RootOption = DEFAULT_ROOT,
                 force: Annotated[bool, typer.Option("--force", help="SIGKILL (runs resume at "
                                                     "the next start).")] = False) -> None:
     """Stop the engine: running runs checkpoint and return to the queue."""
+    from gridrun.commands.common import open_root
     from gridrun.engine import daemon
 
+    open_root(root)
     try:
         with working("stopping the engine" + ("" if force else ": running runs checkpoint first")):
             stopped = daemon.stop(root, force=force)
@@ -208,16 +213,20 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
     """Whether the engine runs, and the queue's counts."""
     from gridrun.engine import daemon
 
-    with _store(root) as store:
+    with _reader(root) as store:
         st = daemon.status(root, store=store)
         counts, paused = store.counts(), store.paused
     if as_json:
         typer.echo(json.dumps({"running": st.running, "starting": st.starting, "pid": st.pid,
                                "responding": st.responding, "heartbeat_age": st.heartbeat_age,
-                               "paused": paused, "counts": counts, "log": str(st.log)}))
+                               "waiting_for_space": st.waiting_for_space, "free_bytes": st.free_bytes,
+                               "state": st.state, "paused": paused, "counts": counts,
+                               "log": str(st.log)}))
         return
     state = "not running" if not st.running else (
         f"starting its backend (pid {st.pid})" if st.starting else f"running (pid {st.pid})")
+    if st.waiting_for_space:
+        state = waiting_text(st)
     if not st.responding:
         state = (f"not responding for {st.heartbeat_age:.0f} s (pid {st.pid}): stopped or stuck; "
                  f"`kill -CONT {st.pid}` wakes a stopped one, "
@@ -227,6 +236,16 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
     typer.echo("runs: " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"))
 
 
+def waiting_text(st) -> str:
+    """The engine's wait for disk space, for people (engine status, ls)."""
+    from gridrun.runs import space
+
+    since = time.strftime("%H:%M:%S", time.localtime(st.waiting_for_space))
+    return (f"running (pid {st.pid}), waiting for disk space since {since} "
+            f"({space.human(st.free_bytes)} free on {st.root}): it launches nothing until "
+            "there is space, then resumes by itself; free some space")
+
+
 def ls(root: RootOption = DEFAULT_ROOT,
        as_json: Annotated[bool, typer.Option("--json", help="One JSON array of runs.")] = False,
        status: Annotated[str | None, typer.Option(
@@ -234,8 +253,18 @@ def ls(root: RootOption = DEFAULT_ROOT,
        experiment: Annotated[str | None, typer.Option(help="Only this experiment.",
                                                      metavar="NAME")] = None) -> None:
     """List runs in queue order."""
-    with _store(root) as store:
+    from gridrun.engine import daemon
+    from gridrun.runs import states
+
+    if status is not None and status not in states.ALL:
+        fail(f"unknown status {status!r}: choose one of {', '.join(states.ALL)}")
+    with _reader(root) as store:
         runs = store.list_runs(status=status, experiment=experiment)
+    st = daemon.status(root, heartbeat=False)
+    if st.waiting_for_space:
+        typer.echo(f"engine: {waiting_text(st)}", err=True)
+    paused = ("paused: the disk is full; back to the queue (resumes from its checkpoint) "
+              "once there is space")
     if as_json:
         typer.echo(json.dumps([r.to_dict() for r in runs], indent=1, default=str))
         return
@@ -246,7 +275,7 @@ def ls(root: RootOption = DEFAULT_ROOT,
     for r in runs:
         typer.echo(f"{r.id:<10}  {r.status:<10}  {r.experiment[:16]:<16}  "
                    f"{(r.variant or '-')[:24]:<24}  {r.seed:>4}  "
-                   + " · ".join(x for x in (r.where, r.note) if x))
+                   + " · ".join(x for x in (r.where, paused if r.id in st.paused else r.note) if x))
 
 
 def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough).",
@@ -260,7 +289,7 @@ def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix i
     of what the run printed); -f goes on with what the run prints next."""
     from gridrun.runs import layout, outputlog, states
 
-    with _store(root) as store:
+    with _reader(root) as store:
         run_id = _resolve(store, [run_id])[0]
         run_ = store.get_run(run_id)
         follower = outputlog.Follower(run_.run_dir(root) / layout.OUTPUT, lines)

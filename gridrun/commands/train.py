@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, open_store, working
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, open_root, open_store, working
 from gridrun.commands.plan import FileArgument, load_or_exit
 
 LOCK_TRIES = 50  # the engine's lock probe holds the lock for an instant: try again a little
@@ -100,7 +100,12 @@ def record_end(root: Path, run_id: str, run_dir: Path, pid: int, code: int | Non
     s = summary or Summary()
     fields = {"ended_at": time.time(), "summary": summary.to_json() if summary else None,
               "fresh": False}
-    if status == states.INTERRUPTED:
+    if code == states.EXIT_NO_SPACE:
+        # paused for want of space, never failed: the engine (or `gridrun train`) resumes it
+        status = states.QUEUED
+        fields = {"note": "paused: the disk was full; resumes from its last good checkpoint "
+                          "(the engine, or `gridrun train`)", "fresh": False}
+    elif status == states.INTERRUPTED:
         # ctrl-c is the user's stop, not the machine's: kept out of the engine's queue
         status = states.CANCELLED
         fields["note"] = "stopped in the foreground; `gridrun train` or `gridrun retry` resumes it"
@@ -146,8 +151,8 @@ def register(app: typer.Typer) -> None:
         from gridrun.train import worker
 
         chosen = pick(load_or_exit(file), run)
+        open_root(root, create=True)  # the one way every command opens a root
         try:  # the same checks as the engine: a private root, no symlink followed inside it
-            layout.check_root(root)
             run_dir = layout.make_run_dir(root, chosen.experiment, chosen.id)
         except (layout.UnsafePath, OSError) as e:
             fail(f"cannot use the run's folder: {e}")

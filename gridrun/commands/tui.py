@@ -15,14 +15,14 @@ from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail
 
 
 def open_app(root: Path, file: Path | None = None) -> None:
-    from gridrun.runs.layout import UnsafeRoot
-    from gridrun.runs.store import StoreDamaged
+    from gridrun.runs.layout import NoSuchRoot, UnsafePath
+    from gridrun.runs.store import StoreError
     from gridrun.tui.app import GridrunApp
     from gridrun.tui.store_source import StoreSource
 
     try:
-        source = StoreSource(root)
-    except (StoreDamaged, UnsafeRoot) as e:  # damage found later shows as the bridge's notification
+        source = StoreSource(root)  # creates nothing: a missing root is "no such root"
+    except (StoreError, UnsafePath, NoSuchRoot) as e:  # later trouble: the bridge's notification
         fail(str(e))
     app = GridrunApp(source)
     if file is not None:

@@ -12,18 +12,19 @@ from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, working
 
 def run_folder(run: str, root: Path, doing: str = "verify") -> Path:
     """A run folder given as a path, or the folder of the run whose id starts with `run`."""
+    from gridrun.commands.common import open_root, open_store
     from gridrun.runs import layout, states
 
     path = Path(run)
     if (path / layout.CONFIG).is_file():
         return path
+    open_root(root)  # a missing, unsafe or system root: one line, nothing created
     if not (root / layout.DB_NAME).exists():
         fail(f"{run!r} is neither a run folder nor a run of {root} (it has no {layout.DB_NAME}; "
              "--root names another root)")
-    from gridrun.commands.common import open_store
     from gridrun.runs.store import RunNotFound
 
-    with open_store(root) as store:
+    with open_store(root, write=False) as store:
         try:
             found = store.get_run(run)
         except RunNotFound as e:

@@ -28,6 +28,56 @@ from gridrun.runs import layout
 LOCK, PID, LOG = "engine.lock", "engine.pid", "engine.log"
 HEARTBEAT = "engine_heartbeat"  # scheduler.HEARTBEAT (not imported: status stays light)
 NOT_RESPONDING_AFTER = 15.0  # seconds without a heartbeat (it beats every second)
+PID_SIZE = 4096  # engine.pid is padded to a page: rewritten in place, it needs no new space
+
+
+class PidFile:
+    """ROOT/engine.pid: what readers learn of the engine without the store. Written
+    whole (a temporary file renamed over it) and padded to PID_SIZE bytes, so that
+    `update` can rewrite it in place when the disk is full (the wait for space)."""
+
+    def __init__(self, root: Path, **record: Any) -> None:
+        self.path, self.record = root / PID, dict(record)
+
+    def _bytes(self) -> bytes:
+        data = json.dumps(self.record).encode()
+        return data + b" " * max(0, PID_SIZE - len(data))
+
+    def write(self, **fields: Any) -> None:
+        self.record.update(fields)
+        tmp = self.path.with_name(PID + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, self._bytes())
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+
+    def update(self, fields: dict[str, Any]) -> None:
+        """The same record with `fields`, written over the old bytes (no new block)."""
+        self.record.update(fields)
+        data = self._bytes()
+        fd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW)
+        try:
+            if len(data) > PID_SIZE:
+                os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+        finally:
+            os.close(fd)
+
+
+def read_pid_file(root: Path) -> dict[str, Any]:
+    """engine.pid's record ({} if none); a read that meets a rewrite in place is retried."""
+    for _ in range(3):
+        try:
+            with open(root / PID, "rb") as f:
+                info = json.loads(f.read(PID_SIZE * 4) or b"{}")
+            return info if isinstance(info, dict) else {}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError):
+            time.sleep(0.005)
+    return {}
 
 
 @dataclass(frozen=True)
@@ -39,6 +89,18 @@ class EngineStatus:
     log: Path
     starting: bool = False  # alive, but its backend (a Ray cluster, say) is not up yet
     heartbeat_age: float | None = None  # seconds since its last heartbeat; None: none yet
+    waiting_for_space: float | None = None  # since when it waits for disk space (unix time)
+    free_bytes: int | None = None  # what the disk had free at its last look, while it waits
+    paused: tuple[str, ...] = ()  # runs that stopped for want of space, not yet in the store
+
+    @property
+    def state(self) -> str:
+        """For people: "not running", "starting its backend", "waiting for disk space", "running"."""
+        if not self.running:
+            return "not running"
+        if self.starting:
+            return "starting its backend"
+        return "waiting for disk space" if self.waiting_for_space else "running"
 
     @property
     def responding(self) -> bool:
@@ -51,9 +113,7 @@ def status(root: str | os.PathLike, *, store: Any = None, heartbeat: bool = True
     """Whether the engine of `root` runs; with `heartbeat`, how long ago its loop
     last said so (read from `store`, or a Store opened for the purpose)."""
     root = Path(root)
-    info: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        info = json.loads((root / PID).read_text())
+    info = read_pid_file(root)
     pid, started = info.get("pid"), info.get("start_time")
     alive = False
     if pid and started:
@@ -61,9 +121,20 @@ def status(root: str | os.PathLike, *, store: Any = None, heartbeat: bool = True
 
         alive = process_alive(pid, started) is not None  # a zombie engine is not running
     starting = alive and info.get("state") == "starting"
+    waiting = info.get("waiting_for_space") if alive else None
+    waiting = waiting if isinstance(waiting, int | float) else None
     age = _heartbeat_age(root, pid, store) if heartbeat and alive and not starting else None
+    if waiting is not None and heartbeat and isinstance(info.get("t"), int | float):
+        # the store takes no write while the disk is full: the wait beats in engine.pid
+        beat = max(0.0, time.time() - info["t"])
+        age = beat if age is None else min(age, beat)
+    free = info.get("free_bytes") if waiting is not None else None
+    paused = info.get("paused") if waiting is not None else None
+    paused = tuple(p for p in paused if isinstance(p, str)) if isinstance(paused, list) else ()
     return EngineStatus(alive, pid if alive else None, info.get("started_at") if alive else None,
-                        root, root / LOG, starting=starting, heartbeat_age=age)
+                        root, root / LOG, starting=starting, heartbeat_age=age,
+                        waiting_for_space=waiting, free_bytes=free if isinstance(free, int) else None,
+                        paused=paused)
 
 
 def _heartbeat_age(root: Path, pid: int, store: Any) -> float | None:
@@ -71,7 +142,7 @@ def _heartbeat_age(root: Path, pid: int, store: Any) -> float | None:
         if store is None:
             from gridrun.runs.store import Store
 
-            with Store(root) as opened:
+            with Store(root, create=False, create_store=False) as opened:
                 beat = opened.get_state(HEARTBEAT)
         else:
             beat = store.get_state(HEARTBEAT)
@@ -92,11 +163,17 @@ def start(root: str | os.PathLike, config: Any = None, *, timeout: float = 30.0,
     `config` (an EngineConfig) is remembered in the store and used by this and
     later starts; an engine already running keeps the config it started with.
     """
-    root = Path(root).resolve()
+    root = Path(root).absolute()
+    layout.check_root(root)  # UnsafeRoot: a system folder, others can write it; NoSuchRoot
+    root = root.resolve()
     current = status(root, heartbeat=False)
     proc = None
     if not current.running:
-        layout.check_root(root)  # layout.UnsafeRoot: others can write it
+        from gridrun.runs import space
+
+        if space.nearly_full(root):
+            raise RuntimeError(f"the disk holding {root} is full ({space.human(space.free_bytes(root))} "
+                               "free): free some space, then start the engine; the queue is intact")
         if config is not None:
             from gridrun.runs.store import Store
 
@@ -197,13 +274,13 @@ def serve(root: Path, *, until_idle: bool = False, **engine_options: Any) -> int
     from gridrun.engine.backends.registry import BackendError, make_backend, slots_for_backend
     from gridrun.engine.scheduler import Engine
     from gridrun.runs.rundirs import lost_queue_warning
-    from gridrun.runs.store import Store, StoreDamaged
+    from gridrun.runs.store import Store, StoreError
 
     layout.private_umask()  # the engine, its fork server and every run inherit it
     root = Path(root).resolve()
     try:
         layout.check_root(root)
-    except layout.UnsafeRoot as e:
+    except (layout.UnsafeRoot, layout.NoSuchRoot) as e:
         print(e, file=sys.stderr)
         return 2
     lock_fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -218,16 +295,16 @@ def serve(root: Path, *, until_idle: bool = False, **engine_options: Any) -> int
     from gridrun.engine.backends.child import process_start_time
 
     pid = os.getpid()
-    record = {"pid": pid, "start_time": process_start_time(pid), "started_at": time.time()}
-
-    def write_pid(**fields: Any) -> None:
-        tmp = root / (PID + ".tmp")
-        tmp.write_text(json.dumps({**record, **fields}))
-        tmp.replace(root / PID)
+    pid_file = PidFile(root, pid=pid, start_time=process_start_time(pid), started_at=time.time())
+    write_pid = pid_file.write
 
     # Visible (to status and stop) from here on, "starting" until the backend is up:
     # connecting to a Ray cluster can take a while.
-    write_pid(state="starting")
+    try:
+        write_pid(state="starting")
+    except OSError as e:  # a full disk, say: one line for `start`
+        print(f"the engine cannot write {root / PID}: {e.strerror}", file=sys.stderr)
+        return 2
     engine = None
 
     def on_signal(*_: Any) -> None:
@@ -252,7 +329,7 @@ def serve(root: Path, *, until_idle: bool = False, **engine_options: Any) -> int
         if lost:
             log.warning("%s", lost)
         engine = Engine(root, backend, slots_for_backend(backend, config), store=store,
-                        telemetry=make_telemetry(), **engine_options)
+                        telemetry=make_telemetry(), announce=pid_file.update, **engine_options)
         try:
             engine.start()
         except Exception as e:
@@ -267,7 +344,7 @@ def serve(root: Path, *, until_idle: bool = False, **engine_options: Any) -> int
         log.info("engine %d started on %s, backend %s, slots %s", pid, root, config.backend,
                  ", ".join(s.name for s in engine.slots) or "from the cluster")
         engine.run(until_idle=until_idle)
-    except StoreDamaged as e:
+    except StoreError as e:
         log.error("%s", e)  # the one line `start` reports
         if backend is not None:
             with contextlib.suppress(Exception):

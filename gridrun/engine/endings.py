@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.engine.backends.base import EXIT_ALREADY_RUNNING, Exited, Handle, Slot
-from gridrun.runs import layout, runlog, states
+from gridrun.engine.diskspace import DiskSpace
+from gridrun.runs import layout, runlog, space, states
 from gridrun.runs.outputlog import output_tail
 from gridrun.runs.records import Summary
 from gridrun.runs.store import FOREGROUND, Run, Store
@@ -60,8 +61,41 @@ class Endings:
     active: dict[str, Active]
     stopping: bool
     backoff: float
+    space: DiskSpace
+    deferred: list[Exited]
 
     # ---- endings ----------------------------------------------------------------
+
+    def _record(self, events: list[Exited]) -> None:
+        """Record how runs ended. One that cannot be recorded for want of space is kept
+        (with those after it) in `deferred`, its run still active, until there is space."""
+        events = list(events)
+        for i, event in enumerate(events):
+            act = self.active.get(event.handle.run_id)
+            try:
+                try:
+                    self.finished(event)
+                except Exception as e:
+                    if space.is_no_space(e):
+                        raise
+                    self._unrecorded(event, e)
+            except Exception as e:
+                if not space.is_no_space(e):
+                    raise
+                if act is not None:
+                    self.active[event.handle.run_id] = act
+                self.deferred += events[i:]
+                self.space.enter(e)
+                return
+
+    def _unrecorded(self, event: Exited, e: Exception) -> None:
+        """One run's ending never takes the engine down."""
+        log.exception("could not record how %s ended", event.handle.run_id)
+        self.active.pop(event.handle.run_id, None)
+        self.store.transition(event.handle.run_id, states.RUNNING, states.FAILED,
+                              ended_at=time.time(), slot=None, pid=None,
+                              error=f"the engine could not record how it ended: "
+                                    f"{type(e).__name__}: {e}", note="failed")
 
     def finished(self, event: Exited) -> None:
         act = self.active.pop(event.handle.run_id, None)
@@ -90,7 +124,11 @@ class Endings:
         common = {"ended_at": now, "summary": summary and summary.to_json(), "pid": None, "pid_start_time": None}
         requeue = status == states.INTERRUPTED or (status is None and self.stopping)
         gone = None if cancelling or requeue else self._folder_gone(run_dir, act)
-        if gone:
+        paused = None if cancelling or gone else self._paused_for_space(run, code, status, summary)
+        if paused:
+            self._requeue(run, paused)  # never failed, never a restart spent: it waits for space
+            self.space.enter_if_short(f"{run.id} could not write: {paused}")
+        elif gone:
             # its metrics went with the folder: never "completed" with nothing to show;
             # a retry starts over (fresh) rather than resume from a stray checkpoint
             self._end(run, states.FAILED, error=gone, note="its folder disappeared", fresh=True,
@@ -116,6 +154,23 @@ class Endings:
                       error=(summary or Summary()).error, **common)
         else:
             self._failed(run, code, summary, common)
+
+    def _paused_for_space(self, run: Run, code: int | None, status: str | None,
+                          summary: Summary | None) -> str | None:
+        """The note of a run that stopped for want of space (it exited so, or it failed or
+        died while the disk is full), or None."""
+        if status in (states.COMPLETED, states.DIVERGED, states.OOM) or (
+                status == states.INTERRUPTED and code != states.EXIT_NO_SPACE):
+            return None
+        own = summary if summary and (summary.ended_at or 0) >= (run.started_at or 0) else None
+        said = own.error if own and space.mentions_no_space(own.error) else None
+        if code != states.EXIT_NO_SPACE and not said and not self.space.waiting \
+                and not space.nearly_full(run.run_dir(self.root)):
+            return None
+        if said and said.startswith("paused"):
+            return said
+        return ("paused: the disk is full (" + (said or "no space left on the device")
+                + "); resumes from its last good checkpoint once there is space")
 
     def _folder_gone(self, run_dir: Path, act: Active | None) -> str | None:
         now = folder_id(run_dir)

@@ -8,18 +8,19 @@ slots, waits (up to a tick) for runs to end and records how they ended
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gridrun.engine.backends import child
-from gridrun.engine.backends.base import Backend, Slot
+from gridrun.engine.backends.base import Backend, Exited, Slot
+from gridrun.engine.diskspace import DiskSpace
 from gridrun.engine.endings import Active, Endings, folder_id
-from gridrun.runs import layout, states
+from gridrun.runs import layout, space, states
 from gridrun.runs.store import FOREGROUND, Run, Store
 from gridrun.spec import write_run_config
 
@@ -47,7 +48,9 @@ class Engine(Endings):
     def __init__(self, root: str | Path, backend: Backend, slots: list[Slot], *,
                  store: Store | None = None, telemetry: Any = None, tick: float = 0.25,
                  backoff: float = 10.0, cancel_grace: float = 30.0, stop_grace: float = 120.0,
-                 telemetry_every: float = 1.0, processes_every: float = 5.0):
+                 telemetry_every: float = 1.0, processes_every: float = 5.0,
+                 space_retry: float = 2.0, space_margin: int = space.RESUME_MARGIN,
+                 announce: Callable[[dict[str, Any]], None] | None = None):
         self.root = Path(root)
         self.store = store or Store(root)
         self.backend, self.slots, self.telemetry = backend, slots, telemetry
@@ -61,6 +64,12 @@ class Engine(Endings):
         self._next_heartbeat = 0.0
         self._next_foreground = 0.0
         self._processes: list = []
+        # a full disk: launch nothing, keep the endings that could not be recorded
+        self.space = DiskSpace(self.root, announce=announce, retry_every=space_retry,
+                               margin=space_margin)
+        self.deferred: list[Exited] = []
+        self._cut_short = False  # a wait for space just ended: look for launches it cut short
+        self._next_record_try = 0.0
 
     # ---- the loop -------------------------------------------------------------
 
@@ -97,23 +106,59 @@ class Engine(Endings):
             self.backend.cancel(act.handle, self.stop_grace)
 
     def step(self, timeout: float | None = None) -> None:
-        if not self.stopping:
-            self.apply_intents()
-            self.launch_ready()
-        for event in self.backend.poll(self.tick if timeout is None else timeout):
-            try:
-                self.finished(event)
-            except Exception as e:  # one run's ending never takes the engine down
-                log.exception("could not record how %s ended", event.handle.run_id)
+        if self.space.waiting:
+            if not self.space.ready(self._probe_store):
+                self._wait_for_space(timeout)
+                return
+            self._cut_short = True
+        try:
+            if self._cut_short:
+                self._requeue_cut_short()
+            kept, self.deferred = self.deferred, []
+            self._record(kept)  # endings kept while the disk was full
+            if not self.stopping:
+                self.apply_intents()
+                self.launch_ready()
+            self._record(self.backend.poll(self.tick if timeout is None else timeout))
+            self.record_placements()
+            self.sample_telemetry()
+            self.heartbeat()
+            self.watch_foreground()
+        except Exception as e:
+            if not space.is_no_space(e):
+                raise
+            self.space.enter(e)  # a write of the store's failed for want of space
+
+    def _wait_for_space(self, timeout: float | None) -> None:
+        """A step while the disk is full: runs still going may end (their endings are
+        kept), nothing is launched and nothing is written but the wait's own beat."""
+        events = self.backend.poll(self.tick if timeout is None else timeout)
+        self.deferred += events
+        now = time.monotonic()
+        if self.deferred and now >= self._next_record_try:
+            # the store may take these small writes before the disk has room for runs
+            self._next_record_try = now + self.space.retry_every
+            kept, self.deferred = self.deferred, []
+            self._record(kept)
+        self.space.beat(paused=[e.handle.run_id for e in self.deferred])
+        if self.stopping:
+            # nothing can record them now: the next engine start finds their processes
+            # gone and queues them again (as after an engine that was killed)
+            for event in self.deferred:
                 self.active.pop(event.handle.run_id, None)
-                self.store.transition(event.handle.run_id, states.RUNNING, states.FAILED,
-                                      ended_at=time.time(), slot=None, pid=None,
-                                      error=f"the engine could not record how it ended: "
-                                            f"{type(e).__name__}: {e}", note="failed")
-        self.record_placements()
-        self.sample_telemetry()
-        self.heartbeat()
-        self.watch_foreground()
+            self.deferred = []
+
+    def _probe_store(self) -> None:
+        self.store.set_state(HEARTBEAT, {"pid": os.getpid(), "t": time.time()})
+
+    def _requeue_cut_short(self) -> None:
+        """After a wait for space: a run the store says runs here but that has no process
+        (its launch was cut short by the full disk) goes back to the queue."""
+        for run in self.store.list_runs(status=states.RUNNING):
+            if run.slot != FOREGROUND and run.id not in self.active:
+                self._requeue(run, "its launch was cut short by a full disk; resumes from its "
+                                   "checkpoint")
+        self._cut_short = False
 
     def record_placements(self) -> None:
         """A backend that places runs elsewhere (SLURM: job id, node, state) says where;
@@ -124,7 +169,9 @@ class Engine(Endings):
         try:
             for run_id, where in placements().items():
                 self.store.set_placement(run_id, where)
-        except Exception as e:  # a busy store is no reason to stop
+        except Exception as e:  # a busy store is no reason to stop (a full disk: the wait)
+            if space.is_no_space(e):
+                raise
             log.warning("could not record where runs execute: %s", e)
 
     def heartbeat(self) -> None:
@@ -135,7 +182,9 @@ class Engine(Endings):
         self._next_heartbeat = now + HEARTBEAT_EVERY
         try:
             self.store.set_state(HEARTBEAT, {"pid": os.getpid(), "t": time.time()})
-        except Exception as e:  # a busy store is no reason to stop
+        except Exception as e:  # a busy store is no reason to stop (a full disk: the wait)
+            if space.is_no_space(e):
+                raise
             log.warning("could not write the heartbeat: %s", e)
 
     def idle(self) -> bool:
@@ -189,7 +238,9 @@ class Engine(Endings):
             for run in self.store.list_runs(status=states.RUNNING):
                 if run.slot == FOREGROUND:
                     self._check_foreground(run)
-        except Exception as e:  # a busy store is no reason to stop
+        except Exception as e:  # a busy store is no reason to stop (a full disk: the wait)
+            if space.is_no_space(e):
+                raise
             log.warning("could not look at foreground runs: %s", e)
 
     def _check_foreground(self, run: Run) -> None:
@@ -233,7 +284,12 @@ class Engine(Endings):
         free = self._free_slots()
         if not free:
             return
+        if self.space.short_of_space() and self.store.next_queued(1):
+            self.space.enter("too little space left to start a run")
+            return
         for run in self.store.next_queued(len(free)):
+            if self.space.waiting:
+                return
             slot = free[0]
             try:
                 # never through a symlink, never into someone else's folder (layout.py)
@@ -242,6 +298,8 @@ class Engine(Endings):
                 handle = self.backend.reattach(run.id, run_dir, None, None, slot)
             except Exception as e:
                 self._not_started(run, states.QUEUED, e)
+                if self.space.waiting:
+                    return
                 continue  # the slot stays free for the next run
             free.pop(0)
             if handle is not None:
@@ -255,7 +313,15 @@ class Engine(Endings):
 
     def _not_started(self, run: Run, expected: str, e: Exception) -> None:
         """One run that could not be prepared or launched fails with the reason; the
-        engine goes on with the others."""
+        engine goes on with the others. For want of space it waits in the queue instead
+        (and the engine waits for space: a store write that fails raises from here)."""
+        if space.is_no_space(e):
+            log.warning("could not start %s: %s", run.id, e)
+            self.space.enter(e)
+            self.store.transition(run.id, expected, states.QUEUED, slot=None, pid=None,
+                                  pid_start_time=None, started_at=None,
+                                  note="waits for disk space: its folder could not be written")
+            return
         if isinstance(e, layout.UnsafePath):
             why = str(e)
         elif isinstance(e, OSError) and e.strerror:
@@ -303,13 +369,19 @@ class Engine(Endings):
         if now < self._next_sample:
             return
         self._next_sample = now + self.telemetry_every
-        with contextlib.suppress(Exception):
-            sample = self.telemetry.sample()
-            sample = sample.to_dict() if hasattr(sample, "to_dict") else dict(sample)
-            if now >= self._next_processes:
-                self._next_processes = now + self.processes_every
-                by_pid = {a.handle.pid: a.run_id for a in self.active.values()}
-                self._processes = [{"pid": pid, "gpu": gpu, "run_id": by_pid.get(pid)}
-                                   for pid, gpu in self.telemetry.processes().items()]
-            sample["processes"] = self._processes
-            self.store.record_telemetry(sample, t=sample.get("t"))
+        try:
+            self._sample(now)
+        except Exception as e:  # telemetry never stops the engine (a full disk: the wait)
+            if space.is_no_space(e):
+                raise
+
+    def _sample(self, now: float) -> None:
+        sample = self.telemetry.sample()
+        sample = sample.to_dict() if hasattr(sample, "to_dict") else dict(sample)
+        if now >= self._next_processes:
+            self._next_processes = now + self.processes_every
+            by_pid = {a.handle.pid: a.run_id for a in self.active.values()}
+            self._processes = [{"pid": pid, "gpu": gpu, "run_id": by_pid.get(pid)}
+                               for pid, gpu in self.telemetry.processes().items()]
+        sample["processes"] = self._processes
+        self.store.record_telemetry(sample, t=sample.get("t"))

@@ -45,6 +45,19 @@ class UnsafeRoot(UnsafePath):
         super().__init__("\n".join(problems))
 
 
+class NoSuchRoot(Exception):
+    """A root that does not exist where only commands that queue may create one, or
+    one that cannot be created there. str() is one line."""
+
+
+# Folders of the system itself: never a runs root (nor anything under the second set:
+# proc, sys and device folders are not storage, /etc is the system's configuration).
+SYSTEM_FOLDERS = frozenset({"/", "/etc", "/proc", "/sys", "/dev", "/usr", "/bin", "/sbin",
+                            "/boot", "/lib", "/lib32", "/lib64", "/libx32", "/var", "/run",
+                            "/home", "/opt", "/srv", "/mnt", "/media", "/tmp", "/root"})
+SYSTEM_TREES = ("/proc", "/sys", "/dev", "/etc", "/boot")
+
+
 def private_umask() -> None:
     """Files and folders this process creates are the user's alone (0600 / 0700),
     whatever umask the shell had: every gridrun process calls it first."""
@@ -167,14 +180,58 @@ def _run_folder_problems(experiment_dir: Path) -> list[str]:
     return problems
 
 
-def check_root(root: str | os.PathLike) -> Path:
-    """Create the root (0700) if it is missing; raise UnsafeRoot if it, or one of
-    gridrun's files in it, is not private to this user. A root that group or
-    others can read (a checkout's `runs/` is often 0755) is used, with a
-    one-line warning on stderr, once per process: gridrun never changes it."""
+def system_folder(root: str | os.PathLike) -> str | None:
+    """Why `root` can never be a runs root (a system folder, the home folder itself), or None."""
+    real = os.path.realpath(root)
+    shown = str(root) if os.fspath(root) == real else f"{root} (that is {real})"
+    if real in SYSTEM_FOLDERS or real.startswith(tuple(t + "/" for t in SYSTEM_TREES)):
+        return (f"{shown} is a system folder: gridrun never uses it as a runs root; give a "
+                "folder of your own (--root DIR or GRIDRUN_ROOT)")
+    home = os.path.realpath(os.path.expanduser("~"))
+    if real == home:
+        return (f"{shown} is your home folder itself: gridrun would mix its files with yours; "
+                "give a folder for runs (--root ~/runs, say)")
+    return None
+
+
+def cannot_create(root: str | os.PathLike) -> str | None:
+    """Why a missing root could not be created (its parent is missing), or None."""
+    parent = Path(root).absolute().parent
+    if parent.is_dir():
+        return None
+    return (f"cannot create the root {root}: its parent folder {parent} does not exist "
+            "(a typo in --root?); create it first")
+
+
+def _make_root(root: Path, create: bool) -> None:
+    if not create:
+        raise NoSuchRoot(f"no such root: {root}")
+    why = cannot_create(root)
+    if why:
+        raise NoSuchRoot(why)
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        return
+    except OSError as e:
+        raise NoSuchRoot(f"cannot create the root {root}: {e.strerror}") from e
+    os.chmod(root, 0o700)
+
+
+def check_root(root: str | os.PathLike, *, create: bool = True) -> Path:
+    """Create the root (0700, only under a folder that exists) if it is missing and
+    `create` (else NoSuchRoot); raise UnsafeRoot if it is a system folder or the home
+    folder, or if it, or one of gridrun's files in it, is not private to this user. A
+    root that group or others can read (a checkout's `runs/` is often 0755) is used,
+    with a one-line warning on stderr, once per process: gridrun never changes it."""
     root = Path(root)
-    if not root.exists():
-        make_private_dir(root)
+    special = system_folder(root)
+    if special:
+        raise UnsafeRoot([special])
+    if not os.path.lexists(root):
+        _make_root(root, create)
+    elif not root.is_dir():
+        raise UnsafeRoot([f"{root} is not a folder: give a folder as the runs root"])
     problems = root_problems(root, experiments=False)
     if problems:
         raise UnsafeRoot(problems)

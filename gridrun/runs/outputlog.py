@@ -159,10 +159,19 @@ def _tail(f, lines: int) -> tuple[bytes, int]:
     return data[at + 1:], end
 
 
+def _open_nofollow(path: str | os.PathLike):
+    """`path` opened for reading, never through a link (nofollow.py; the package is
+    imported here, not at the top: the keeper runs this file without it)."""
+    from gridrun.runs import nofollow
+
+    return nofollow.open_file(path)
+
+
 def tail_lines(path: str | os.PathLike, lines: int) -> str:
-    """The last `lines` lines of `path` ("" if it does not exist)."""
+    """The last `lines` lines of `path` ("" if it does not exist). A link, or a run folder
+    that is one, is not followed: layout.UnsafePath."""
     try:
-        with open(path, "rb") as f:
+        with _open_nofollow(path) as f:
             return _tail(f, lines)[0].decode(errors="replace")
     except FileNotFoundError:
         return ""
@@ -171,7 +180,8 @@ def tail_lines(path: str | os.PathLike, lines: int) -> str:
 class Follower:
     """`gridrun logs -f`: the last `lines` lines, then whatever is appended. When the
     keeper cuts the file (a new file renamed over it) the follower finishes the old
-    one, then goes on in the new one at the same place in the run's output."""
+    one, then goes on in the new one at the same place in the run's output. A link
+    (the file, or its run folder) is never followed: `read` raises layout.UnsafePath."""
 
     def __init__(self, path: str | os.PathLike, lines: int = 200) -> None:
         self.path, self.lines = os.fspath(path), lines
@@ -184,7 +194,7 @@ class Follower:
         out: list[bytes] = []
         if self.f is None:
             try:
-                self.f = open(self.path, "rb")  # noqa: SIM115 - kept open between calls
+                self.f = _open_nofollow(self.path)  # kept open between calls
             except FileNotFoundError:
                 return ""
             data, self.pos = _tail(self.f, self.lines)
@@ -195,8 +205,8 @@ class Follower:
             self.pos += len(data)
             out.append(data)
             try:
-                now = os.stat(self.path)
-            except FileNotFoundError:
+                now = os.lstat(self.path)
+            except (FileNotFoundError, NotADirectoryError):
                 break
             if now.st_ino == os.fstat(self.f.fileno()).st_ino:
                 if now.st_size < self.pos:
@@ -209,7 +219,7 @@ class Follower:
                 found[3] + self.pos - found[1]
             self.f.close()
             try:
-                self.f = open(self.path, "rb")  # noqa: SIM115
+                self.f = _open_nofollow(self.path)
             except FileNotFoundError:
                 self.f, self.pos = None, 0
                 break
@@ -235,10 +245,11 @@ OUTPUT = "output.log"  # layout.OUTPUT: this module runs as a script without the
 
 
 def output_tail(run_dir: os.PathLike | str, lines: int = OUTPUT_TAIL_LINES) -> str:
-    """The last lines a run printed, for its error (read from the end: a big log costs nothing)."""
+    """The last lines a run printed, for its error (read from the end: a big log costs
+    nothing); "" when there are none or output.log is a link (never followed)."""
     try:
         return tail_lines(os.path.join(run_dir, OUTPUT), lines).rstrip("\n")
-    except OSError:
+    except Exception:  # OSError, or layout.UnsafePath: a link is not followed
         return ""
 
 

@@ -77,16 +77,62 @@ def delete_run_dir(folder: Path) -> str:
     return f"folder {folder} deleted"
 
 
+def _set_aside(folder: Path) -> tuple[Path | None, str | None]:
+    """Before a run leaves the store: its folder renamed to a dot-name beside it (readers
+    skip it), or why it cannot be deleted (then the run stays in the store). (None, None):
+    nothing to delete (no folder, or a link, which is kept)."""
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        return None, f"its folder {folder} cannot be looked at ({e.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return None, None
+    if not stat.S_ISDIR(st.st_mode):
+        return None, (f"{folder} is not a folder (something else is in the way): move it "
+                      "away, then remove the run")
+    aside = folder.with_name(f".{folder.name}.removing")
+    try:
+        if os.path.lexists(aside):
+            shutil.rmtree(aside)  # an earlier `rm` that was cut short
+        os.rename(folder, aside)
+    except OSError as e:
+        return None, f"its folder {folder} cannot be deleted ({e.strerror})"
+    return aside, None
+
+
 def remove_runs(store: Any, root: str | os.PathLike, ids: list[str], *,
                 delete_folders: bool = False) -> dict[str, str]:
     """`gridrun rm` and the interface's x: runs out of the store (Store.remove refuses
     running ones), then their folders deleted or kept. {id: outcome}; a removed
-    run's outcome starts with "removed"."""
+    run's outcome starts with "removed". With `delete_folders`, a run whose folder
+    cannot be deleted stays in the store: the folder is set aside first, and put back
+    if the store refuses the run."""
     folders = {i: store.get_run(i).run_dir(root) for i in ids}
-    out = store.remove(ids)
-    for run_id, outcome in out.items():
-        if outcome == "removed":
-            folder = folders[run_id]
-            out[run_id] = (f"removed; {delete_run_dir(folder)}" if delete_folders
-                           else f"removed; folder {folder} kept" if folder.exists() else "removed")
-    return out
+    out: dict[str, str] = {}
+    aside: dict[str, Path | None] = {}
+    if delete_folders:
+        for run_id in ids:
+            aside[run_id], refused = _set_aside(folders[run_id])
+            if refused:
+                out[run_id] = f"not removed: {refused}"
+    removed = store.remove([i for i in ids if i not in out])
+    for run_id, outcome in removed.items():
+        folder, moved = folders[run_id], aside.get(run_id)
+        if outcome != "removed":
+            out[run_id] = outcome
+            if moved is not None:
+                try:
+                    os.rename(moved, folder)  # the store kept it: so does the disk
+                except OSError as e:
+                    out[run_id] += f"; its folder was set aside at {moved} ({e.strerror})"
+        elif delete_folders:
+            if moved is not None:
+                shutil.rmtree(moved, ignore_errors=True)
+                out[run_id] = f"removed; folder {folder} deleted"
+            else:
+                out[run_id] = "removed; " + delete_run_dir(folder)
+        else:
+            out[run_id] = f"removed; folder {folder} kept" if folder.exists() else "removed"
+    return {i: out[i] for i in ids if i in out}

@@ -13,6 +13,7 @@ summary.json.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -21,7 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gridrun.runs import nofollow, space
+from gridrun.runs.layout import UnsafePath
 from gridrun.runs.records import Summary, record
+
+SUMMARY_MAX = 16 << 20  # a summary.json bigger than this is not one gridrun wrote
 
 
 def _clean(value: Any) -> Any:
@@ -40,8 +45,21 @@ class MetricsWriter:
         self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the run
 
     def write(self, record: dict[str, Any]) -> None:
+        """Append one line, whole or not at all: a write cut short (a full disk) is
+        taken back, so no torn line is left for a later line to be glued to, and
+        raises space.NoSpace (or the OSError) for the trainer to stop on."""
         line = json.dumps({k: _clean(v) for k, v in record.items()}, separators=(",", ":"))
-        self._file.write(line.encode() + b"\n")
+        data = memoryview(line.encode() + b"\n")
+        start = self._file.tell()
+        try:
+            while data:
+                data = data[self._file.write(data):]
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                self.truncate(start)
+            if space.is_no_space(e):
+                raise space.NoSpace(self.path, e) from e
+            raise
 
     def offset(self) -> int:
         return self._file.tell()
@@ -88,11 +106,13 @@ class NullWriter:
 class Read:
     """What a read found: the records, the offset to go on from, and how many
     complete lines were not records (skipped: not JSON, not an object, or a
-    field of the wrong type)."""
+    field of the wrong type). `refused`: why the file was not read at all (a
+    symbolic link, something else than a file: see nofollow.py), one line."""
 
     records: list[dict[str, Any]] = field(default_factory=list)
     offset: int = 0
     skipped: int = 0
+    refused: str | None = None
 
 
 def _null(_: str) -> None:
@@ -124,14 +144,16 @@ def read(path: str | os.PathLike, offset: int = 0) -> Read:
     number of complete lines skipped.
 
     A torn last line (no trailing newline yet) is left for the next call; a
-    missing file reads as empty.
+    missing file reads as empty; a link is not followed (`refused` says so).
     """
     try:
-        with open(path, "rb") as f:
+        with nofollow.open_file(path) as f:
             f.seek(offset)
             data = f.read()
     except FileNotFoundError:
         return Read([], offset, 0)
+    except UnsafePath as e:
+        return Read([], offset, 0, refused=str(e))
     end = data.rfind(b"\n") + 1
     records, skipped = parse(data[:end])
     return Read(records, offset + end, skipped)
@@ -148,9 +170,10 @@ def read_all(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def iter_chunks(path: str | os.PathLike, chunk_bytes: int = 1 << 22) -> Iterator[Read]:
-    """Records in chunks of about `chunk_bytes`, for streaming large logs."""
+    """Records in chunks of about `chunk_bytes`, for streaming large logs. A link is
+    not followed: layout.UnsafePath, one line."""
     offset = 0
-    with open(path, "rb") as f:
+    with nofollow.open_file(path) as f:
         while True:
             f.seek(offset)
             data = f.read(chunk_bytes)
@@ -176,9 +199,9 @@ def skipped_note(count: int, path: str | os.PathLike) -> str:
 
 def read_summary(path: str | os.PathLike) -> Summary | None:
     """`summary.json` through `Summary.from_json`; None when missing or unreadable
-    (garbage, or caught mid-write by a reader of a live run)."""
+    (garbage, caught mid-write by a reader of a live run, or a link: never followed)."""
     try:
-        with open(path, "rb") as f:
-            return Summary.from_json(json.loads(f.read()))
-    except (OSError, ValueError, RecursionError):
+        with nofollow.open_file(path) as f:
+            return Summary.from_json(json.loads(f.read(SUMMARY_MAX)))
+    except (OSError, ValueError, RecursionError, UnsafePath):
         return None

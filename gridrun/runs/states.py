@@ -16,4 +16,8 @@ FINISHED = (COMPLETED, FAILED, DIVERGED, OOM, CANCELLED)
 # Exit codes of `python -m gridrun.train.worker` and `gridrun train`.
 # 2 is left to usage errors (a bad file, a bad argument), as everywhere in the CLI.
 EXIT_CODES = {COMPLETED: 0, FAILED: 1, DIVERGED: 3, OOM: 4, INTERRUPTED: 5}
-STATUS_OF_EXIT = {code: status for status, code in EXIT_CODES.items()}
+# Interrupted because a write of its own failed for want of space: the run is paused
+# (back to the queue, resumed from its last good checkpoint) and the engine waits for space.
+EXIT_NO_SPACE = 6
+STATUS_OF_EXIT = {**{code: status for status, code in EXIT_CODES.items()},
+                  EXIT_NO_SPACE: INTERRUPTED}

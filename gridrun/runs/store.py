@@ -21,7 +21,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gridrun.runs import states
-from gridrun.runs.store_db import MIGRATIONS, Database, StoreDamaged  # noqa: F401 (what Store raises)
+from gridrun.runs.store_db import (  # noqa: F401 (what Store raises)
+    MIGRATIONS,
+    Database,
+    StoreDamaged,
+    StoreError,
+    StoreFull,
+    StoreNotWritable,
+)
 from gridrun.runs.store_rows import (
     Intent,
     Run,
@@ -123,11 +130,13 @@ class Store(Database):
         with self._lock:
             return self._db.execute("SELECT 1 FROM runs LIMIT 1").fetchone() is not None
 
-    def check(self) -> list[str]:
-        """SQLite's `quick_check` of every page: [] when the file is sound, else
-        its complaints (StoreDamaged when it cannot even be read)."""
+    def check(self, *, full: bool = False) -> list[str]:
+        """SQLite's `quick_check` of every page (with `full`, its `integrity_check`,
+        which also compares every index with its table): [] when the file is sound,
+        else its complaints (StoreDamaged when it cannot even be read)."""
+        pragma = "integrity_check" if full else "quick_check"
         with self._lock:
-            rows = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()]
+            rows = [r[0] for r in self._db.execute(f"PRAGMA {pragma}").fetchall()]
         return [] if rows == ["ok"] else rows
 
     def counts(self) -> dict[str, int]:

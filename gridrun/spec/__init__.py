@@ -26,6 +26,7 @@ from gridrun.spec.model import (
     ExperimentSpec,
     RunSpec,
     format_value,
+    parse_run_config,
     read_run_config,
     run_id,
     write_run_config,
@@ -36,5 +37,5 @@ __all__ = [
     "DEFAULT_CAP", "KEY_ALIASES", "MAX_RUNS", "TRAINER_KEYS", "EngineConfig", "ExperimentSpec",
     "Key", "Loaded", "Problem", "RunSpec", "SpecError", "count_runs", "derive", "expand",
     "format_value", "load", "load_engine_config", "load_experiments", "load_runs", "needs_task",
-    "parse_overrides", "read_run_config", "run_id", "write_run_config",
+    "parse_overrides", "parse_run_config", "read_run_config", "run_id", "write_run_config",
 ]

@@ -8,9 +8,23 @@ from __future__ import annotations
 
 import difflib
 import re
+import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+
+def _escape(ch: str) -> str:
+    n = ord(ch)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
+def printable(text: str) -> str:
+    """`text` with control and format characters escaped (\\x1b, \\u202e): a name or a key
+    from a file never moves the cursor, recolours the terminal or reverses a line."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == "\n" else _escape(ch) for ch in text)
 
 
 @dataclass(frozen=True)
@@ -41,7 +55,7 @@ class Problem:
         text = " ".join(parts)
         if self.suggestion:
             text += f" (did you mean {self.suggestion!r}?)"
-        return text
+        return printable(text)
 
 
 class SpecError(Exception):
@@ -58,12 +72,23 @@ def nearest(name: str, candidates: Iterable[str]) -> str | None:
 
 
 _HEADER = re.compile(r"^\s*\[(?!\[)\s*([^\]]+?)\s*\]")
-_KEY = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
+_PART = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')"""
+_KEY = re.compile(rf"""^\s*({_PART}(?:\s*\.\s*{_PART})*)\s*=""")
+
+
+def _unquote(part: str) -> str:
+    """A key as TOML reads it: a basic string's escapes (\\u202e) decoded."""
+    if part.startswith('"') and "\\" in part:
+        try:
+            return str(tomllib.loads(f"k = {part}")["k"])
+        except (tomllib.TOMLDecodeError, KeyError):
+            pass
+    return part[1:-1] if part[:1] in "\"'" and len(part) >= 2 else part
 
 
 def _split_dotted(text: str) -> tuple[str, ...]:
-    parts = re.findall(r"""[A-Za-z0-9_-]+|"[^"]*"|'[^']*'""", text)
-    return tuple(p.strip("\"'") for p in parts)
+    parts = re.findall(r"""[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'""", text)
+    return tuple(_unquote(p) for p in parts)
 
 
 class LineIndex:

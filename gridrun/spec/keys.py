@@ -14,9 +14,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from gridrun.spec import sources
-from gridrun.spec.errors import nearest, toml_type
+from gridrun.spec.errors import nearest, printable, toml_type
 
 RESERVED = ("task", "grid", "zip", "ablations", "seeds")  # the matrix's own keys, not run keys
+
+# Upper bounds a real run could use: far above any real run, far below what overflows
+# (SQLite's and torch's 64-bit integers) or what would take forever to refuse.
+MAX_EPOCHS = 10**6
+MAX_BATCH = 2**24
+MAX_ACCUMULATE = 2**16
+MAX_STEPS = 2**40  # any count of steps (max_steps, warmup, log_every, ...) and a run's total
+MAX_SEED = 2**63  # seeds are integers in [0, MAX_SEED)
 
 
 @dataclass(frozen=True)
@@ -49,9 +57,10 @@ def in_run_id(trainer: Any) -> dict[str, Any]:
 
 
 TRAINER_KEYS: dict[str, Key] = {k.name: k for k in [
-    Key("epochs", "integer", 10, "passes over the training data", min=1),
-    Key("max_steps", "integer", 0, "stop after this many optimizer steps (0: no cap)", min=0),
-    Key("batch_size", "integer", 64, "samples per micro-batch", min=1),
+    Key("epochs", "integer", 10, "passes over the training data", min=1, max=MAX_EPOCHS),
+    Key("max_steps", "integer", 0, "stop after this many optimizer steps (0: no cap)", min=0,
+        max=MAX_STEPS),
+    Key("batch_size", "integer", 64, "samples per micro-batch", min=1, max=MAX_BATCH),
     Key("lr", "float", 1e-3, "peak learning rate", above=0),
     Key("optimizer", "string", "adamw", "the optimizer", choices=("adamw", "adam", "sgd")),
     Key("momentum", "float", 0.9, "SGD momentum", min=0, below=1),
@@ -61,19 +70,25 @@ TRAINER_KEYS: dict[str, Key] = {k.name: k for k in [
     Key("schedule", "string", "cosine", "learning-rate schedule after warmup",
         choices=("cosine", "linear", "step", "constant", "onecycle")),
     Key("warmup", "float or integer", 0.0,
-        "linear warmup: a float in [0, 1) is a fraction of all steps, an integer a step count", min=0),
+        "linear warmup: a float in [0, 1) is a fraction of all steps, an integer a step count",
+        min=0, max=MAX_STEPS),
     Key("min_lr", "float", 0.0, "the floor of cosine and linear decay", min=0),
-    Key("step_size", "integer", 1000, "steps between decays of the step schedule", min=1),
+    Key("step_size", "integer", 1000, "steps between decays of the step schedule", min=1,
+        max=MAX_STEPS),
     Key("gamma", "float", 0.1, "decay factor of the step schedule", above=0, max=1),
     Key("precision", "string", "auto", "auto: bf16 on CUDA devices that support it, else fp32; "
         "fp16 uses a GradScaler", choices=("auto", "fp32", "bf16", "fp16")),
-    Key("accumulate", "integer", 1, "micro-batches per optimizer step (the loss is divided by it)", min=1),
+    Key("accumulate", "integer", 1, "micro-batches per optimizer step (the loss is divided by it)",
+        min=1, max=MAX_ACCUMULATE),
     Key("clip_grad", "float", 0.0, "clip the global gradient norm to this (0: off)", min=0),
-    Key("eval_every", "integer", 0, "evaluate every this many steps (0: at each epoch end)", min=0),
-    Key("log_every", "integer", 10, "write a train line every this many steps", min=1),
+    Key("eval_every", "integer", 0, "evaluate every this many steps (0: at each epoch end)", min=0,
+        max=MAX_STEPS),
+    Key("log_every", "integer", 10, "write a train line every this many steps", min=1,
+        max=MAX_STEPS),
     Key("checkpoint_every", "integer", 0, "checkpoint every this many steps (0: epoch ends only)",
-        min=0, affects_results=False),
-    Key("early_stop_patience", "integer", 0, "stop after this many evaluations without improvement (0: off)", min=0),
+        min=0, max=MAX_STEPS, affects_results=False),
+    Key("early_stop_patience", "integer", 0, "stop after this many evaluations without improvement (0: off)",
+        min=0, max=MAX_STEPS),
     Key("early_stop_metric", "string", "", "validation metric for early stopping and best.pt "
         "(empty: the task's first metric)"),
     Key("deterministic", "boolean", True, "deterministic algorithms (bitwise-reproducible on CUDA)"),
@@ -86,14 +101,15 @@ TRAINER_KEYS: dict[str, Key] = {k.name: k for k in [
     Key("checkpoint_modules", "array of strings", [], "activation checkpointing (non-reentrant "
         "torch.utils.checkpoint) of every submodule of these classes: less memory for one more "
         "forward, bitwise the same results", affects_results=False),
-    Key("num_workers", "integer", 0, "DataLoader worker processes", min=0, affects_results=False),
+    Key("num_workers", "integer", 0, "DataLoader worker processes", min=0, max=1024,
+        affects_results=False),
     Key("pin_memory", "boolean or \"auto\"", "auto", "pinned host memory (auto: on with CUDA)",
         affects_results=False),
     Key("prefetch_factor", "integer", 2, "batches prefetched per worker (with num_workers > 0)",
-        min=1, affects_results=False),
+        min=1, max=1024, affects_results=False),
     Key("persistent_workers", "boolean", False, "keep DataLoader workers between epochs",
         affects_results=False),
-    Key("max_retries", "integer", 0, "times the engine retries a failed run", min=0,
+    Key("max_retries", "integer", 0, "times the engine retries a failed run", min=0, max=100,
         affects_results=False),
     # the sources of randomness and their switches (spec/sources.py); each is part of
     # the run id only when it is not its default
@@ -233,16 +249,21 @@ def _is_number(v: Any) -> bool:
     return (_is_int(v) or isinstance(v, float)) and not isinstance(v, bool)
 
 
+def number(x: float) -> str:
+    """A bound as people read it: 1,099,511,627,776 rather than 1.09951e+12."""
+    return f"{x:,}" if isinstance(x, int) and abs(x) >= 10_000 else f"{x:g}"
+
+
 def _range_text(key: Key) -> str:
     bits = []
     if key.min is not None:
-        bits.append(f">= {key.min:g}")
+        bits.append(f">= {number(key.min)}")
     if key.above is not None:
-        bits.append(f"> {key.above:g}")
+        bits.append(f"> {number(key.above)}")
     if key.max is not None:
-        bits.append(f"<= {key.max:g}")
+        bits.append(f"<= {number(key.max)}")
     if key.below is not None:
-        bits.append(f"< {key.below:g}")
+        bits.append(f"< {number(key.below)}")
     return " and ".join(bits)
 
 
@@ -253,7 +274,7 @@ def _in_range(key: Key, v: float) -> bool:
 
 def check_trainer_value(key: Key, value: Any) -> tuple[Any, str | None]:
     """(the value coerced to the key's type, None) or (None, what was expected)."""
-    got = f"got {value!r}" if not isinstance(value, dict | list) else f"got {toml_type(value)}"
+    got = f"got {show_value(value)}" if not isinstance(value, dict | list) else f"got {toml_type(value)}"
     if key.choices:
         if isinstance(value, str) and value in key.choices:
             return value, None
@@ -275,7 +296,8 @@ def check_trainer_value(key: Key, value: Any) -> tuple[Any, str | None]:
         return float(value), None
     if key.type == "float or integer":  # warmup: a fraction of all steps, or a step count
         if _is_int(value):
-            return (value, None) if value >= 0 else (None, f"expected a step count >= 0, {got}")
+            return (value, None) if _in_range(key, value) else (
+                None, f"expected a step count {_range_text(key)}, {got}")
         if isinstance(value, float) and math.isfinite(value):
             if 0 <= value < 1:
                 return value, None
@@ -305,17 +327,24 @@ def check_trainer_value(key: Key, value: Any) -> tuple[Any, str | None]:
     raise AssertionError(f"unhandled key type {key.type}")
 
 
+def show_value(value: Any) -> str:
+    """A value in a message: repr, control characters escaped, a huge number shortened."""
+    if _is_int(value) and abs(value) >= 10**12:
+        return f"{value:,}" if abs(value) < 10**30 else f"an integer of {len(str(abs(value)))} digits"
+    return printable(repr(value))[:200]
+
+
 def check_task_value(name: str, default: Any, value: Any) -> tuple[Any, str | None]:
     """Task keys are checked against the type of the factory's default, when it has one."""
-    got = f"got {value!r}" if not isinstance(value, dict) else "got a table"
+    got = f"got {show_value(value)}" if not isinstance(value, dict) else "got a table"
     if default is None or default is NO_DEFAULT:
         return value, None
     if isinstance(default, bool):
         ok = isinstance(value, bool)
         expected = "a boolean"
     elif _is_int(default):
-        ok = _is_int(value)
-        expected = "an integer"
+        ok = _is_int(value) and -MAX_SEED <= value < MAX_SEED
+        expected = "an integer" if not _is_int(value) else "an integer of at most 64 bits"
     elif isinstance(default, float):
         if _is_number(value):
             return float(value), None

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ from gridrun.spec.validate import (
 )
 
 MAX_DEPTH = 32  # tables and arrays within each other; tomllib recurses once per level
+MAX_FILE = 1 << 20  # bytes: an experiment file is a page of settings, not data
 
 
 @dataclass(frozen=True)
@@ -33,14 +36,45 @@ class Loaded:
     engine: EngineConfig | None
 
 
+class FileRefused(ValueError):
+    """An experiment file that is not read: str() is the one line that says why."""
+
+
+def read_text(path: str | Path, limit: int = MAX_FILE) -> str:
+    """The text of an experiment file, read with a bound: only a regular file (a FIFO or a
+    device such as /dev/zero is refused at once, never read) of at most `limit` bytes,
+    UTF-8, a byte order mark at its start dropped. FileRefused or OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise FileRefused("is a folder: give an experiment file (TOML)")
+        if not stat.S_ISREG(st.st_mode):
+            raise FileRefused("is not a regular file (a pipe, a device?): give an experiment "
+                              "file (TOML)")
+        if st.st_size > limit:
+            raise FileRefused(f"is {st.st_size:,} bytes: an experiment file is at most "
+                              f"{limit:,} bytes")
+        os.set_blocking(fd, True)
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise FileRefused(f"is more than {limit:,} bytes: an experiment file is at most "
+                          f"{limit:,} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FileRefused("not a TOML file: it is not UTF-8 text") from None
+    return text[1:] if text.startswith("\ufeff") else text
+
+
 def _read(path: Path) -> tuple[dict[str, Any] | None, str, list[Problem]]:
     file = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
     except FileNotFoundError:
         return None, "", [Problem(file, "no such file")]
-    except UnicodeDecodeError:
-        return None, "", [Problem(file, "not a TOML file: it is not UTF-8 text")]
+    except FileRefused as exc:
+        return None, "", [Problem(file, str(exc))]
     except OSError as exc:
         return None, "", [Problem(file, f"cannot read the file: {exc.strerror}")]
     try:

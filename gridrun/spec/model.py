@@ -89,15 +89,24 @@ def write_run_config(path: str | Path, run: RunSpec) -> None:
     path = Path(path)
     tmp = path.with_suffix(".toml.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        os.fchmod(fd, 0o600)
-        f.write(tomli_w.dumps(run.to_dict()))
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(fd, 0o600)
+            f.write(tomli_w.dumps(run.to_dict()))
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, say: no half-written file is left behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_run_config(path: str | Path) -> RunSpec:
     with open(path, "rb") as f:
         return RunSpec.from_dict(tomllib.load(f))
+
+
+def parse_run_config(data: bytes) -> RunSpec:
+    """A config.toml's bytes (read by a caller that never follows a link) as a RunSpec."""
+    return RunSpec.from_dict(tomllib.loads(data.decode()))
 
 
 @dataclass(frozen=True)

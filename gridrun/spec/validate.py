@@ -13,12 +13,14 @@ from typing import Any
 from gridrun.spec import sources
 from gridrun.spec.errors import LineIndex, Problem, toml_type
 from gridrun.spec.keys import (
+    MAX_SEED,
     NO_DEFAULT,
     RESERVED,
     TRAINER_KEYS,
     TaskSignature,
     check_task_value,
     check_trainer_value,
+    show_value,
     suggest_key,
     task_signature,
 )
@@ -68,13 +70,16 @@ class Checker:
                      *path, experiment=exp, key="seeds")
             return None
         if (isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool)
-                                                       and s >= 0 for s in value)):
+                                                       and 0 <= s < MAX_SEED for s in value)):
             if len(set(value)) != len(value):
                 self.add("seeds are repeated in the array", *path, experiment=exp, key="seeds")
                 return None
             return tuple(value)
-        self.add(f"expected a count >= 1 or a non-empty array of integers >= 0, got {value!r}",
-                 *path, experiment=exp, key="seeds")
+        bad = next((s for s in value if not (isinstance(s, int) and not isinstance(s, bool)
+                                             and 0 <= s < MAX_SEED)), None) \
+            if isinstance(value, list) and value else value
+        self.add(f"expected a count >= 1 or a non-empty array of integers >= 0 and < 2^63 "
+                 f"({MAX_SEED:,}), got {show_value(bad)}", *path, experiment=exp, key="seeds")
         return None
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from gridrun.runs import space
+
 LAST, PREV, BEST = "last.pt", "prev.pt", "best.pt"
 
 
@@ -27,10 +29,17 @@ class CheckpointError(Exception):
 
 def save(state: dict[str, Any], path: str | os.PathLike, *, keep_previous: bool = False) -> None:
     """Write to a temporary file in the same folder, fsync, rename, fsync the folder.
-    With `keep_previous`, the file being replaced becomes `prev.pt` first."""
+    With `keep_previous`, the file being replaced becomes `prev.pt` first.
+
+    A write that fails for want of space raises space.NoSpace and leaves the
+    checkpoints as they were (torch reports a full disk as "file write failed",
+    without the errno: a failure with the disk (nearly) full is put down to it)."""
     path = Path(path)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise (space.NoSpace(path, e) if space.is_no_space(e) else e) from e
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
@@ -40,8 +49,12 @@ def save(state: dict[str, Any], path: str | os.PathLike, *, keep_previous: bool 
             # a crash between the two renames leaves prev.pt and no last.pt: resumable
             os.replace(path, path.with_name(PREV))
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
+        # asked before the partial file is deleted, which frees what it took
+        full = isinstance(e, Exception) and (space.is_no_space(e) or space.nearly_full(path.parent))
         Path(tmp).unlink(missing_ok=True)
+        if full:
+            raise space.NoSpace(path, e) from e
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:

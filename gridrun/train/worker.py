@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gridrun.runs import layout, states
+from gridrun.runs import layout, space, states
 from gridrun.runs.records import Summary
 
 
@@ -80,6 +80,31 @@ def replay_divergence(run: Any, run_dir: Path, summary: dict[str, Any],
 CUDA_ALLOC_CONF = "expandable_segments:True"
 
 
+def completed_before(run_dir: Path, run: Any) -> Summary | None:
+    """The summary of this very run, completed in an earlier attempt: a completed cell
+    queued again (after its row left the store) keeps what it recorded, timings
+    included, instead of a second summary of a resume that trains nothing."""
+    from gridrun.runs import runlog
+
+    found = runlog.read_summary(run_dir / layout.SUMMARY)
+    if found is None or found.status != states.COMPLETED or found.run_id != run.id:
+        return None
+    return found
+
+
+def paused_for_space(summary: dict[str, Any]) -> str | None:
+    """Why a run that stopped on a failed write of its own stopped for want of space, or
+    None: it is paused (back to the queue, resumed from its last good checkpoint), never
+    failed."""
+    if summary.get("status") != states.FAILED:
+        return None
+    if space.hit() is None and not space.mentions_no_space(summary.get("error")):
+        return None
+    where = space.hit()
+    return ("paused: no space left on the device" + (f" to write {where}" if where else "")
+            + "; it resumes from its last good checkpoint once there is space")
+
+
 def main(run_dir: str | Path, *, fresh: bool = False) -> int:
     # before anything touches CUDA: the allocator reads it when CUDA starts
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOC_CONF)
@@ -91,6 +116,9 @@ def main(run_dir: str | Path, *, fresh: bool = False) -> int:
     except layout.UnsafePath as e:
         print(f"gridrun: refusing to run {run_dir}: {e}", file=sys.stderr, flush=True)
         return states.EXIT_CODES[states.FAILED]
+    if not fresh and completed_before(run_dir, run) is not None:
+        print(f"run {run.id} completed before: its summary.json is kept as it is", flush=True)
+        return states.EXIT_CODES[states.COMPLETED]
     stop = threading.Event()
 
     def request_stop(signum: int, frame: Any) -> None:
@@ -105,8 +133,22 @@ def main(run_dir: str | Path, *, fresh: bool = False) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    paused = paused_for_space(summary)
+    if paused is not None:
+        summary.update(status=states.INTERRUPTED, error=paused)
+        print(f"gridrun: {paused}", file=sys.stderr, flush=True)
     written = Summary.from_json(json_safe(summary)) or Summary()
-    write_summary(run_dir, written.to_json())
+    try:
+        write_summary(run_dir, written.to_json())
+    except OSError as e:
+        if not space.is_no_space(e) and paused is None:
+            raise
+        (run_dir / (layout.SUMMARY + ".tmp")).unlink(missing_ok=True)
+        paused = paused or ("paused: no space left on the device to write its summary; it "
+                            "resumes from its last good checkpoint once there is space")
+        print(f"gridrun: {paused}", file=sys.stderr, flush=True)
+    if paused is not None:
+        return states.EXIT_NO_SPACE
     return states.EXIT_CODES[written.status]
 
 

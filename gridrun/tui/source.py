@@ -72,6 +72,7 @@ class EngineState:
     paused: bool = False
     counts: Mapping[str, int] = field(default_factory=dict)
     not_responding: int | None = None  # seconds since the running engine's last heartbeat, if stale
+    waiting_for_space: bool = False  # the disk is full: it launches nothing until there is space
 
 
 @dataclass(frozen=True)

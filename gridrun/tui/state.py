@@ -61,15 +61,20 @@ def load(root: str | os.PathLike) -> tuple[Saved, str | None]:
 
 
 def save(root: str | os.PathLike, saved: Saved) -> None:
-    """Atomically: a reader never sees half a file. Nothing when the root is gone."""
+    """Atomically: a reader never sees half a file. Nothing when the root is gone, or
+    when it cannot be written (a full disk must not turn a quit into a traceback)."""
     root = Path(root)
     if not root.is_dir():
         return
-    fd, tmp = tempfile.mkstemp(prefix=".tui-state.", dir=root)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tui-state.", dir=root)
+    except OSError:
+        return
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(asdict(saved), f, indent=1)
         os.replace(tmp, root / FILE)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        raise
+        if not isinstance(e, OSError):
+            raise

@@ -21,7 +21,8 @@ from typing import Any
 
 from gridrun.checks import verdict
 from gridrun.checks.doctor import lost_queue_warning
-from gridrun.runs import layout, runlog
+from gridrun.runs import layout, nofollow, runlog
+from gridrun.runs.layout import NoSuchRoot
 from gridrun.runs.progress import INPUT_BOUND, INPUT_BOUND_SHARE, Progress, fold
 from gridrun.runs.records import Summary
 from gridrun.runs.store import Run, Store
@@ -92,7 +93,14 @@ class StoreSource:
     def __init__(self, root: str | Path, *, python: str = sys.executable) -> None:
         self.root = Path(root)
         self.python = python
-        self.store = Store(self.root)
+        # creates nothing: a root without a store, or no root yet, reads as empty until a
+        # queue (`gridrun queue`, which the interface runs) makes them
+        try:
+            self.store = Store(self.root, create=False, create_store=False)
+            self._missing = None
+        except NoSuchRoot as e:
+            self._missing = f"{e} yet: queueing a file creates it"
+            self.store = Store.nothing(self.root, self._missing)
         self.seq = 0
         self.removed_seq = 0  # removals read (store.removed_since)
         self.rows: dict[str, RunRow] = {}
@@ -103,12 +111,26 @@ class StoreSource:
         self._first = True  # the first poll warns of an empty store beside run folders
         self._skipped: dict[str, int] = {}  # run id -> metrics lines that were not records
         self._compare_lock = threading.Lock()  # the compare and export workers share the frames
-        self._frames: dict[str, Any] = {}  # experiment -> frames.ExperimentFrame
+        self._frames: dict[str, Any] = {}  # experiment -> experiment_frame.ExperimentFrame
         self._shown: dict[str, tuple[Any, Table]] = {}  # experiment -> (its table, as shown)
 
     # ---- polling ------------------------------------------------------------------
 
+    def _reopen(self) -> None:
+        """A view of a root without a store: the real one once `gridrun queue` made it."""
+        if self.store.view is not None and (self.root / layout.DB_NAME).is_file():
+            try:
+                store = Store(self.root, create=False, create_store=False)
+            except (NoSuchRoot, layout.UnsafePath):
+                return
+            if store.view is None:
+                self.store.close()
+                self.store, self._missing = store, None
+            else:
+                store.close()
+
     def poll(self) -> Update:
+        self._reopen()
         first = self.seq == 0 and self.removed_seq == 0
         gone, self.removed_seq = self.store.removed_since(self.removed_seq)
         gone = () if first else tuple(i for i in gone if self.rows.pop(i, None) is not None)
@@ -126,7 +148,8 @@ class StoreSource:
         for run_id, live in self.live.items():
             if live.read() or run_id in out:
                 out[run_id] = self.rows[run_id] = live.merge(self.rows[run_id])
-        notice, self._first = (lost_queue_warning(self.root, self.store) if self._first else None), False
+        notice = (self._missing or lost_queue_warning(self.root, self.store)) if self._first else None
+        self._first = False
         return Update(runs=tuple(out.values()), engine=self._engine_state(),
                       machine=self._machine(), notice=notice, removed=gone)
 
@@ -135,7 +158,8 @@ class StoreSource:
 
         st = daemon.status(self.root, store=self.store)
         state = EngineState(running=st.running, paused=self.store.paused, counts=self.store.counts(),
-                            not_responding=None if st.responding else int(st.heartbeat_age or 0))
+                            not_responding=None if st.responding else int(st.heartbeat_age or 0),
+                            waiting_for_space=st.waiting_for_space is not None)
         if state == self._engine:
             return None
         self._engine = state
@@ -173,17 +197,19 @@ class StoreSource:
         return layout.run_dir(self.root, experiment, run_id)
 
     def metrics(self, run_id: str, offset: int) -> tuple[list[dict[str, Any]], int]:
-        got = runlog.read(self._folder(run_id) / layout.METRICS, offset)
+        got = runlog.read(self._folder(run_id) / layout.METRICS, offset)  # never through a link
         # lines that are not records are counted for the detail screen's note
         self._skipped[run_id] = (self._skipped.get(run_id, 0) if offset else 0) + got.skipped
         return got.records, got.offset
 
     def output_tail(self, run_id: str, max_bytes: int = 8192) -> str:
         try:
-            with open(self._folder(run_id) / layout.OUTPUT, "rb") as f:
+            with nofollow.open_file(self._folder(run_id) / layout.OUTPUT) as f:
                 f.seek(0, 2)
                 f.seek(max(0, f.tell() - max_bytes))
                 return f.read().decode(errors="replace")
+        except layout.UnsafePath as e:  # a link: said, never followed
+            return f"[{e}]"
         except OSError:
             return ""
 
@@ -342,10 +368,11 @@ class StoreSource:
         """The experiment's ablation table: the same object while nothing changed;
         only runs whose store row or running log changed are read again."""
         from gridrun.analysis import ablation as analysis
-        from gridrun.analysis import frames, tables
+        from gridrun.analysis import tables
+        from gridrun.analysis.experiment_frame import ExperimentFrame
 
         with self._compare_lock:
-            frame = self._frames.setdefault(experiment, frames.ExperimentFrame(self.root, experiment))
+            frame = self._frames.setdefault(experiment, ExperimentFrame(self.root, experiment))
             if frame.refresh(self.store) or frame.table is None:
                 frame.table = analysis.ablation(frame.rows, experiment)
                 frame.table.attrs["notes"] = tables.notes(frame.rows)  # what the readers left out

@@ -38,7 +38,7 @@ def queued(source: StoreSource) -> set[str]:
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("epochs=0", "epochs: expected an integer >= 1, got 0"),
+    ("epochs=0", "epochs: expected an integer >= 1 and <= 1,000,000, got 0"),
     ("optimizer=adamx", "optimizer: expected one of \"adamw\" | \"adam\" | \"sgd\", got 'adamx'"),
     ("lr=fast", "lr: expected a finite float > 0, got 'fast'"),
     ("hidden=big", "hidden: expected an integer (the task's default is 64), got 'big'"),

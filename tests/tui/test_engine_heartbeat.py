@@ -39,3 +39,27 @@ async def test_the_header_says_not_responding(tmp_path):
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         assert "not responding for 6" in str(app.main.query_one("#header").render())
+
+
+def pretend_waiting(root) -> None:
+    """engine.pid as an engine waiting for disk space writes it (the store takes no write)."""
+    pid = os.getpid()
+    with Store(root) as store:
+        store.set_state(daemon.HEARTBEAT, {"pid": pid, "t": time.time() - 120})  # stale: full
+    (root / daemon.PID).write_text(json.dumps({
+        "pid": pid, "start_time": process_start_time(pid), "started_at": time.time(),
+        "state": "running", "waiting_for_space": time.time() - 100, "free_bytes": 0,
+        "t": time.time()}))
+
+
+@aio
+async def test_the_header_says_waiting_for_disk_space(tmp_path):
+    """Issue 24: a full disk is a state the header shows, and the wait's own beat (in
+    engine.pid) keeps a stale store heartbeat from reading as "not responding"."""
+    pretend_waiting(tmp_path)
+    state = StoreSource(tmp_path).poll().engine
+    assert state.running and state.waiting_for_space and state.not_responding is None
+    app = GridrunApp(StoreSource(tmp_path), live=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert "waiting for disk space" in str(app.main.query_one("#header").render())

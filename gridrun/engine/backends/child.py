@@ -22,6 +22,10 @@ import sys
 import traceback
 from pathlib import Path
 
+from gridrun.runs import space, states
+
+EXIT_NO_SPACE = states.EXIT_NO_SPACE
+
 LOCK = ".gridrun-lock"
 EXIT_RECORD = ".gridrun-exit"
 EXIT_ALREADY_RUNNING = 75  # kept equal to backends.base.EXIT_ALREADY_RUNNING
@@ -55,7 +59,7 @@ def lock_holder(run_dir: str | os.PathLike) -> dict | None:
     """{"pid", "start_time"} of the process holding the run's lock, or None if free."""
     path = Path(run_dir) / LOCK
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     try:
@@ -75,10 +79,13 @@ def lock_holder(run_dir: str | os.PathLike) -> dict | None:
 
 
 def read_exit_record(run_dir: str | os.PathLike) -> dict | None:
-    try:
-        return json.loads((Path(run_dir) / EXIT_RECORD).read_text())
+    try:  # never through a link, never a pipe
+        fd = os.open(Path(run_dir) / EXIT_RECORD, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            record = json.loads(f.read(4096))
     except (OSError, ValueError):
         return None
+    return record if isinstance(record, dict) else None
 
 
 def _capture_output(path: Path) -> subprocess.Popen | None:
@@ -144,8 +151,13 @@ def run(run_dir: str, *, fresh: bool, cuda_visible_devices: str, close_fds: tupl
         return EXIT_ALREADY_RUNNING
     pid = os.getpid()
     start_time = process_start_time(pid)
-    os.ftruncate(lock_fd, 0)
-    os.pwrite(lock_fd, json.dumps({"pid": pid, "start_time": start_time}).encode(), 0)
+    try:
+        os.ftruncate(lock_fd, 0)
+        os.pwrite(lock_fd, json.dumps({"pid": pid, "start_time": start_time}).encode(), 0)
+    except OSError as e:  # a full disk: nothing has started, the run waits in the queue
+        if not space.is_no_space(e):
+            raise
+        return EXIT_NO_SPACE
     (run_path / EXIT_RECORD).unlink(missing_ok=True)
 
     sys.stdout.flush()
@@ -158,15 +170,20 @@ def run(run_dir: str, *, fresh: bool, cuda_visible_devices: str, close_fds: tupl
         code = int(worker.main(run_dir, fresh=fresh))
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
-    except BaseException:
+    except BaseException as e:
         traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
+        code = EXIT_NO_SPACE if space.is_no_space(e) else 1
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
+        sys.stderr.flush()
     _release_output(keeper)
     tmp = run_path / (EXIT_RECORD + ".tmp")
-    tmp.write_text(json.dumps({"code": code, "pid": pid, "start_time": start_time}))
-    tmp.replace(run_path / EXIT_RECORD)
+    try:
+        tmp.write_text(json.dumps({"code": code, "pid": pid, "start_time": start_time}))
+        tmp.replace(run_path / EXIT_RECORD)
+    except OSError:  # a full disk: the code still reaches the engine through our exit
+        with contextlib.suppress(OSError):
+            tmp.unlink()
     return code
 
 

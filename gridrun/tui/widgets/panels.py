@@ -31,6 +31,9 @@ class StatusHeader(Static):
             text.append("engine …", style="dim")
         elif engine.running and engine.not_responding is not None:
             text.append(f"engine ◌ not responding for {engine.not_responding} s", style="bold red")
+        elif engine.running and engine.waiting_for_space:
+            text.append("engine ● waiting for disk space (free some: it resumes by itself)",
+                        style="bold red")
         elif engine.running:
             text.append("engine ● running" + (" (paused)" if engine.paused else ""),
                         style="bold yellow" if engine.paused else "bold green")
