@@ -399,13 +399,13 @@ class StoreSource:
 
     def compare_sources(self, experiment: str) -> Table:
         """The spread of each metric by source of randomness (`compare --by-source`'s cells)."""
-        from gridrun.analysis import bysource, frames
+        from gridrun.analysis import bysource
         from gridrun.analysis.ablation import AnalysisError
+        from gridrun.analysis.experiment_frame import ExperimentFrame
 
         try:
             with self._compare_lock:
-                frame = self._frames.setdefault(experiment,
-                                                frames.ExperimentFrame(self.root, experiment))
+                frame = self._frames.setdefault(experiment, ExperimentFrame(self.root, experiment))
                 if frame.refresh(self.store):
                     frame.table = None  # the ablation table is made again when asked
                 t = bysource.by_source(frame.rows, experiment)
