@@ -11,6 +11,8 @@ built-in tasks' own modules. Users write `from gridrun import Task`.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -73,8 +75,44 @@ class TaskNotFound(LookupError):
     """A task name that is neither built in nor an importable `module:factory`."""
 
 
+# Where a task module that moved in this release used to be, and what to write instead.
+MOVED = {"gridrun.engine.tasks": "from gridrun import Task"}
+
+
+def use_working_directory() -> str:
+    """The one import rule for task modules: the current directory comes first on
+    sys.path, as `python -m` puts it for the engine's workers (its fork server and
+    fresh interpreters start that way). The `gridrun` console script starts with
+    its own bin folder there instead; every command, `verify`, `export-model` and
+    `load_run` import tasks through `resolve`, which applies this rule first.
+    Returns the directory."""
+    here = os.getcwd()
+    if not ({"", ".", here} & set(sys.path)):
+        sys.path.insert(0, here)
+    return here
+
+
+def _import_problem(module_name: str, name: str, exc: BaseException) -> str:
+    """One line: what failed, where Python looked, and what to do."""
+    text = f"cannot import module {module_name!r} for task {name!r}"
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if missing in MOVED:
+        return f"{text}: it imports {missing!r}, which moved in this release: write `{MOVED[missing]}`"
+    parts = module_name.split(".")
+    if missing and missing in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
+        top = parts[0]
+        return (f"{text}: {exc}; looked in the current directory ({os.getcwd()}) and the "
+                f"installed packages of {sys.executable}: install the package (pip install -e "
+                f"PATH_TO_IT) or run gridrun from the folder that holds {top}/")
+    if missing:
+        return f"{text}: it imports {missing!r}, which is not installed ({exc})"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{text}: {type(exc).__name__}: {first}" if first else f"{text}: {type(exc).__name__}"
+
+
 def resolve(name: str) -> Callable[..., Task]:
-    """The factory for a built-in name or a `package.module:factory` string."""
+    """The factory for a built-in name or a `package.module:factory` string, imported
+    under the one import rule (`use_working_directory`)."""
     target = BUILTIN.get(name, name)
     if ":" not in target:
         raise TaskNotFound(
@@ -82,10 +120,12 @@ def resolve(name: str) -> Callable[..., Task]:
             "a task of your own is written 'package.module:factory'"
         )
     module_name, _, attr = target.partition(":")
+    if name not in BUILTIN:
+        use_working_directory()
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import failure is the user's to see, not a crash
-        raise TaskNotFound(f"cannot import module {module_name!r} for task {name!r}: {exc}") from exc
+        raise TaskNotFound(_import_problem(module_name, name, exc)) from exc
     try:
         factory = getattr(module, attr)
     except AttributeError:
