@@ -35,6 +35,7 @@ def allowed(key: Key) -> str:
         "array of 2 floats": "each in [0, 1)",
         "array of strings": "class names of the model's modules",
         "float or integer": "a float in [0, 1), or an integer >= 0",
+        'integer or "auto"': "`auto`, or an integer " + ", ".join(bits),
     }
     if key.type in special:
         return special[key.type]

@@ -29,7 +29,7 @@ import torch
 from gridrun.checks import verdict
 from gridrun.runs import layout, records, runlog, states
 from gridrun.spec import read_run_config
-from gridrun.train import checkpoint
+from gridrun.train import checkpoint, environment, threads
 from gridrun.train.trainer import train
 
 MISSING = "(missing)"
@@ -79,6 +79,10 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
         raise VerifyError(f"{run_dir}: no steps recorded {where}: nothing to compare"
                           + (" (verify from the start instead)" if from_checkpoint else ""))
     target = last_step if steps is None else min(last_step, start_step + steps)
+    recorded_env = recorded_summary.get("environment") or {}
+    if isinstance(recorded_env.get("threads"), int) and recorded_env["threads"] >= 1:
+        # the bits depend on the thread count: replay with the run's own, on any machine
+        run = run.with_trainer(threads=recorded_env["threads"])
 
     with tempfile.TemporaryDirectory(prefix="gridrun-verify-") as tmp:
         scratch = Path(tmp)
@@ -94,9 +98,13 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
             progress(calls, target - start_step)
             return start_step + calls >= target
 
-        with contextlib.redirect_stderr(io.StringIO()):  # a failure's traceback is in summary
-            summary = train(run, scratch, fresh=not from_checkpoint, should_stop=should_stop,
-                            log=lambda line: None)
+        before = threads.apply(torch.get_num_threads())  # the replay's threads are its own
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # a failure's traceback is in summary
+                summary = train(run, scratch, fresh=not from_checkpoint, should_stop=should_stop,
+                                log=lambda line: None)
+        finally:
+            threads.restore(before)
         replayed = runlog.read_from(scratch / layout.METRICS, offset)[0]
         if not replayed and summary["status"] == states.FAILED:  # e.g. the task no longer imports
             raise VerifyError(f"{run_dir}: the replay could not start: {summary['error']}")
@@ -115,10 +123,19 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
         "when": time.time(), "args": {"steps": steps, "from_checkpoint": from_checkpoint},
         "replay_status": summary["status"], "replay_error": summary["error"],
         "device": summary["device"], "recorded_device": recorded_summary.get("device"),
+        "environment": environment_differences(recorded_env, summary.get("environment") or {}),
         "wall_time_s": round(time.time() - started, 3),
     }
     verdict.write(run_dir, result)
     return result
+
+
+def environment_differences(recorded: dict[str, Any], replayed: dict[str, Any]) -> dict[str, Any]:
+    """{field: {"recorded", "replayed"}} for each field that decides a run's bits
+    (environment.REPRODUCE) and differs; fields the run did not record are left out."""
+    return {f: {"recorded": recorded[f], "replayed": replayed.get(f)}
+            for f in environment.REPRODUCE
+            if recorded.get(f) is not None and recorded[f] != replayed.get(f)}
 
 
 def same(a: Any, b: Any) -> bool:

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from gridrun.spec import RunSpec
 from gridrun.tasks import Task, resolve
-from gridrun.train import environment, levers
+from gridrun.train import environment, levers, threads
 from gridrun.train.data import count_samples, train_loader, val_loader
 from gridrun.train.diagnostics import Diagnostics, model_facts
 from gridrun.train.optim import build_optimizer
@@ -73,6 +73,8 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
           warn: Callable[[str], None]) -> Setup:
     """Seed, then build `run` on `device`; `probe` sees the model before anything wraps it."""
     cfg = run.trainer
+    # before anything computes: the run's own thread count decides its CPU bits
+    threads.apply(threads.resolve(cfg.get("threads", threads.AUTO), gpu=device.type == "cuda"))
     summary["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     if device.type == "cpu" and environment.gpus_given() is not None:  # only as stand-ins
         warn(f"CUDA_VISIBLE_DEVICES={environment.gpus_given()} are stand-ins "
@@ -95,7 +97,9 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
     step_model = levers.compiled(model, cfg)
     diagnostics = Diagnostics(model, device, cfg["clip_grad"])
     accumulate, batch_size = cfg["accumulate"], cfg["batch_size"]
-    steps_per_epoch = len(task.train_data) // batch_size // accumulate
+    batches = len(task.train_data) // batch_size if cfg.get("drop_last", True) else (
+        -(-len(task.train_data) // batch_size))  # the last, partial batch too
+    steps_per_epoch = batches // accumulate
     if steps_per_epoch < 1:
         raise ValueError(f"the training set has {len(task.train_data)} samples: fewer than one "
                          f"step of batch_size x accumulate = {batch_size * accumulate}")

@@ -132,8 +132,9 @@ def _loader(dataset: Any, keys: BatchKeys, cfg: Mapping[str, Any], collate_fn: A
 def train_loader(dataset: Any, cfg: Mapping[str, Any], *, seed: int, collate_fn: Any,
                  cuda: bool) -> DataLoader:
     """A loader for the whole run; call `start_epoch` before iterating each epoch.
-    Only whole batches are drawn, so every step sees as many samples."""
-    keys = BatchKeys(len(dataset), cfg["batch_size"], seed)
+    With `drop_last` (the default) only whole batches are drawn, so every step sees
+    as many samples; without it an epoch's last batch may be partial."""
+    keys = BatchKeys(len(dataset), cfg["batch_size"], seed, drop_last=cfg.get("drop_last", True))
     return _loader(dataset, keys, cfg, collate_fn, cuda, cfg["num_workers"])
 
 
