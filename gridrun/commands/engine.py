@@ -195,10 +195,13 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
     with _store(root) as store:
         st = daemon.status(root, store=store)
         counts, paused = store.counts(), store.paused
+        cap = store.get_state("cpu_cap") if st.running else None  # scheduler.CPU_CAP
+    cap = cap if isinstance(cap, dict) and counts.get("queued") else None
     if as_json:
         typer.echo(json.dumps({"running": st.running, "starting": st.starting, "pid": st.pid,
                                "responding": st.responding, "heartbeat_age": st.heartbeat_age,
-                               "paused": paused, "counts": counts, "log": str(st.log)}))
+                               "paused": paused, "counts": counts, "log": str(st.log),
+                               "cpu_cap": cap}))
         return
     state = "not running" if not st.running else (
         f"starting its backend (pid {st.pid})" if st.starting else f"running (pid {st.pid})")
@@ -209,6 +212,10 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
     typer.echo(f"engine: {state}"
                + (" · paused" if paused else "") + f" · root {root}")
     typer.echo("runs: " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"))
+    if cap is not None:  # queued runs wait with CPU slots free: their threads hold them back
+        from gridrun.engine.backends.slots import thread_cap_note
+
+        typer.echo(thread_cap_note(cap))
 
 
 def ls(root: RootOption = DEFAULT_ROOT,
