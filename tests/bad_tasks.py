@@ -7,6 +7,8 @@ correct task with dict samples and its own collate_fn: the check must pass it.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -218,3 +220,35 @@ def weight_normed() -> Task:
         first = nn.utils.weight_norm(nn.Linear(4, 8))
     return _task(nn.Sequential(first, nn.ReLU(),
                                nn.utils.parametrizations.weight_norm(nn.Linear(8, 2))))
+
+
+# ---- derived metrics (Task.derived): computed from the aggregated ones
+
+def derived_missing_metric() -> Task:
+    """A typo in the name a derived metric reads."""
+    return _task(derived={"perplexity": ("lower", lambda m: math.exp(m["los"]))})
+
+
+def derived_raises() -> Task:
+    def ratio(m):
+        raise ValueError("precision and recall are both needed")
+
+    return _task(derived={"ratio": ("higher", ratio)})
+
+
+def derived_bad_direction() -> Task:
+    return _task(derived={"perplexity": ("down", lambda m: math.exp(m["loss"]))})
+
+
+def derived_not_a_number() -> Task:
+    return _task(derived={"grade": ("higher", lambda m: "good" if m["acc"] > 0.5 else "bad")})
+
+
+def derived_shadows_a_metric() -> Task:
+    return _task(derived={"acc": ("higher", lambda m: m["acc"] * 100)})
+
+
+def derived_good() -> Task:
+    """Correct: perplexity from the mean loss, and an error rate from the accuracy."""
+    return _task(derived={"perplexity": ("lower", lambda m: math.exp(m["loss"])),
+                          "error": ("lower", lambda m: 1 - m["acc"])})

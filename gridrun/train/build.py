@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from gridrun.spec import RunSpec
+from gridrun.spec.errors import suggest_metric
 from gridrun.tasks import Task, resolve
 from gridrun.train import environment, levers, threads
 from gridrun.train.data import count_samples, train_loader, val_loader
@@ -56,6 +57,7 @@ class Setup:
     count_samples: Callable[[Any], int]
     steps_per_epoch: int
     total: int  # optimizer steps in the whole run
+    metrics: Mapping[str, str]  # every metric a val line records: evaluate's, then derived
     metric: str  # the early-stop metric
     direction: str  # records.LOWER or records.HIGHER: which way `metric` improves
 
@@ -107,19 +109,24 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
     if cfg["max_steps"]:
         total = min(total, cfg["max_steps"])
     summary["total_steps"] = total
+    if (problem := task.derived_problem()) is not None:
+        raise ValueError(f"task {run.task!r}: {problem}")
+    metrics = task.all_metrics()  # evaluate's, then the derived ones
     metric = cfg["early_stop_metric"] or next(iter(task.metrics))
-    if metric not in task.metrics:
+    if metric not in metrics:
+        guess = suggest_metric(metric, metrics)
         raise ValueError(f"early_stop_metric {metric!r} is not a metric of task {run.task!r}: "
-                         f"it reports {', '.join(task.metrics)}")
-    summary["metrics"], summary["early_stop_metric"] = dict(task.metrics), metric
+                         f"it reports {', '.join(metrics)}"
+                         + (f" (did you mean {guess!r}?)" if guess else ""))
+    summary["metrics"], summary["early_stop_metric"] = metrics, metric
     val_data = val_loader(task.val_data, cfg, seed=run.seed, collate_fn=task.collate_fn,
                           cuda=device.type == "cuda")
     return Setup(cfg=cfg, seed=run.seed, device=device, task=task, model=model,
                  step_model=step_model, optimizer=optimizer, scaler=scaler, autocast=autocast,
                  precision=precision, diagnostics=diagnostics, val_data=val_data,
                  count_samples=task.count_samples or count_samples,
-                 steps_per_epoch=steps_per_epoch, total=total, metric=metric,
-                 direction=task.metrics[metric])
+                 steps_per_epoch=steps_per_epoch, total=total, metrics=metrics, metric=metric,
+                 direction=metrics[metric])
 
 
 def training_loader(setup: Setup) -> DataLoader:

@@ -81,7 +81,7 @@ def resume(setup: Setup, run_dir: Path, writer: MetricsWriter, *, fresh: bool,
         writer.truncate(0)
         # readers (the interface's progress bar) learn the length before the first log point
         # and the metrics' directions and the early-stop metric, so none of them guesses
-        writer.write(records.start_line(time.time(), setup.total, setup.task.metrics, setup.metric))
+        writer.write(records.start_line(time.time(), setup.total, setup.metrics, setup.metric))
         return TrainState()
     setup.model.load_state_dict(saved["model"])
     setup.optimizer.load_state_dict(saved["optimizer"])
