@@ -31,8 +31,13 @@ LOWER_HINTS = ("loss", "error", "perplexity")  # the guess for a log that declar
 
 # ---- the fields of a line
 T, STEP, EPOCH, SPLIT = "t", "step", "epoch", "split"
+# EPOCH is the epochs completed when the line was written (after its step), on every
+# line, log line and summary; logs without a start line's FORMAT (>= 2) wrote a train
+# line at an epoch's last step with the epoch in progress (one less)
 PLACE = frozenset({T, STEP, EPOCH, SPLIT})  # where a line is: on every line
 TOTAL_STEPS, METRICS, EARLY_STOP_METRIC = "total_steps", "metrics", "early_stop_metric"  # start
+FORMAT = "format"  # start: the version of these definitions the log was written with
+CURRENT_FORMAT = 2
 LOSS = "loss"  # a train line's one metric
 LR, SAMPLES_PER_S, STEP_TIME, TOKENS_PER_S = "lr", "samples_per_s", "step_time", "tokens_per_s"
 # diagnostics of a train line, all read in the log point's one host sync (or host-side):
@@ -46,7 +51,7 @@ LOOP = frozenset({LR, SAMPLES_PER_S, STEP_TIME, TOKENS_PER_S, GRAD_NORM, CLIPPED
                   MEM_ALLOCATED, MEM_RESERVED, MEM_PEAK, RSS})  # the loop's values on a train line
 TIMING = frozenset({T, SAMPLES_PER_S, STEP_TIME, TOKENS_PER_S, DATA_WAIT, MEM_ALLOCATED,
                     MEM_RESERVED, MEM_PEAK, RSS})  # differ between identical replays
-NOT_METRICS = PLACE | LOOP | {TOTAL_STEPS, METRICS, EARLY_STOP_METRIC}
+NOT_METRICS = PLACE | LOOP | {TOTAL_STEPS, METRICS, EARLY_STOP_METRIC, FORMAT}
 
 
 class StartLine(TypedDict, total=False):
@@ -55,8 +60,9 @@ class StartLine(TypedDict, total=False):
     epoch: int
     split: str  # START
     total_steps: int
-    metrics: dict[str, str]  # {name: LOWER | HIGHER}, as the task declares them
+    metrics: dict[str, str]  # {name: LOWER | HIGHER}, as the task declares them (derived too)
     early_stop_metric: str  # the metric "best" is about
+    format: int  # CURRENT_FORMAT
 
 
 class TrainLine(TypedDict, total=False):
@@ -88,7 +94,13 @@ class ValLine(TypedDict, total=False):  # plus one field per validation metric
 def start_line(t: float, total_steps: int, metrics: Mapping[str, str],
                early_stop_metric: str) -> StartLine:
     return {T: t, STEP: 0, EPOCH: 0, SPLIT: START, TOTAL_STEPS: total_steps,
-            METRICS: dict(metrics), EARLY_STOP_METRIC: early_stop_metric}
+            METRICS: dict(metrics), EARLY_STOP_METRIC: early_stop_metric, FORMAT: CURRENT_FORMAT}
+
+
+def log_format(first: Mapping[str, Any] | None) -> int:
+    """The FORMAT a log was written with, from its first line (1: before the field)."""
+    value = (first or {}).get(FORMAT) if (first or {}).get(SPLIT) == START else None
+    return value if type(value) is int else 1
 
 
 def train_line(t: float, step: int, epoch: int, loss: float, lr: float,
