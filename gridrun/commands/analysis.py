@@ -62,6 +62,9 @@ def compare(
     metric: Annotated[str | None, typer.Option("--metric", help="Only this metric.")] = None,
     final: Annotated[bool, typer.Option("--final", help="The value at the last evaluation "
                                         "instead of the best one (what early stopping keeps).")] = False,
+    own_best: Annotated[bool, typer.Option(
+        "--own-best", help="Each metric's own best evaluation, instead of every metric at the "
+        "evaluation best in the early-stop metric (what early stopping keeps).")] = False,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
@@ -72,11 +75,11 @@ def compare(
     frame = _runs(root, experiment)
     try:
         table = ablation(frame, experiment, by=by.split(",") if by else None,
-                               metric=metric, final=final)
+                         metric=metric, final=final, own=own_best)
     except AnalysisError as exc:
         fail(str(exc))
     typer.echo(format_table(table, fmt.value), nl=False)
-    _notes(notes(frame))
+    _notes([*notes(frame), *table.attrs.get("notes", [])])
 
 
 def export(

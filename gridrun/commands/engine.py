@@ -231,11 +231,23 @@ def ls(root: RootOption = DEFAULT_ROOT,
     if not runs:
         typer.echo("no runs")
         return
-    typer.echo(f"{'ID':<10}  {'STATUS':<10}  {'EXPERIMENT':<16}  {'VARIANT':<24}  SEED  NOTE")
+    typer.echo(f"{'ID':<10}  {'STATUS':<10}  {'EXPERIMENT':<16}  {'VARIANT':<24}  SEED  "
+               f"{'BEST':<22}  NOTE")
     for r in runs:
         typer.echo(f"{r.id:<10}  {r.status:<10}  {r.experiment[:16]:<16}  "
-                   f"{(r.variant or '-')[:24]:<24}  {r.seed:>4}  "
+                   f"{(r.variant or '-')[:24]:<24}  {r.seed:>4}  {_best(r.summary)[:22]:<22}  "
                    + " · ".join(x for x in (r.where, r.note) if x))
+
+
+def _best(summary) -> str:
+    """`perplexity↓ 3.141`: an ended run's best value of its early-stop metric, or ""."""
+    from gridrun.runs import records
+
+    s = records.Summary.from_json(summary)
+    if s is None or s.best_value is None or not s.early_stop_metric:
+        return ""
+    arrow = "↓" if records.direction(s.early_stop_metric, s.metrics) == records.LOWER else "↑"
+    return f"{s.early_stop_metric}{arrow} {s.best_value:.4g}"
 
 
 def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough).")],

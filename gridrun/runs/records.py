@@ -138,6 +138,21 @@ def better(value: float, best: float | None, way: str) -> bool:
     return best is None or (value < best if way == LOWER else value > best)
 
 
+def own_best(previous: Mapping[str, Any], values: Mapping[str, Any],
+             declared: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Each metric's own best value so far: `previous` with the evaluation `values`
+    folded in, each metric strictly better in its own direction. As for "best", an
+    evaluation with a non-finite value (or a null) never counts. The trainer keeps it
+    (summary.json's `own_best`) and the fold (progress.py) for live runs."""
+    if not all(_number(v) and math.isfinite(v) for v in values.values()):
+        return dict(previous)
+    out = dict(previous)
+    for name, value in values.items():
+        if better(value, out.get(name), direction(name, declared)):
+            out[name] = value
+    return out
+
+
 # --------------------------------------------------------------------------- lines
 
 _VALUE_TYPES = frozenset((int, float, str, type(None)))
@@ -260,6 +275,7 @@ class Summary:
     early_stop_metric: str | None = None
     final: dict[str, float | None] = field(default_factory=dict)  # the last evaluation
     best: dict[str, float | None] = field(default_factory=dict)  # the evaluation best in early_stop_metric
+    own_best: dict[str, float | None] = field(default_factory=dict)  # each metric's own best value
     best_step: int | None = None
     train_loss: float | None = None
     samples_per_s: float | None = None

@@ -32,7 +32,8 @@ RESUME_KEYS = ("model", "optimizer", "scaler", "step", "epoch", "position", "bes
 
 
 def no_best() -> dict[str, Any]:
-    return {"value": None, "step": None, "metrics": {}, "bad_evals": 0}
+    # own: each metric's own best value (records.own_best); checkpoints before it lack it
+    return {"value": None, "step": None, "metrics": {}, "bad_evals": 0, "own": {}}
 
 
 @dataclass

@@ -129,6 +129,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         summary.update(status=status, step=state.step, epoch=state.epoch)
         summary["weights_sha256"] = checkpoint.weights_sha256(setup.model.state_dict())
         summary["best"], summary["best_step"] = state.best["metrics"], state.best["step"]
+        summary["own_best"] = state.best.get("own") or {}
         meter.summarize()
         validator.report_early_stop(state)
     except Exception as exc:

@@ -73,6 +73,7 @@ class Validator:
         if not all(math.isfinite(v) for v in values.values()):
             self.nonfinite_step = state.step
             return
+        best["own"] = records.own_best(best.get("own") or {}, values, setup.metrics)
         if records.better(values[setup.metric], best["value"], setup.direction):
             best.update(value=values[setup.metric], step=state.step, metrics=values, bad_evals=0)
             self.checkpointer.save(checkpoint.BEST, state)
