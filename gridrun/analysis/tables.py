@@ -118,9 +118,9 @@ def legend(table: RowTable | pd.DataFrame, mark: str) -> str:
     elif kind == "own":
         value = "each metric's own best validation value"
     else:
-        at = f"the best {tracked[0]}" if len(tracked) == 1 else "the best early-stop metric"
-        value = (f"each run's evaluation with {at} (what early stopping keeps; each metric's "
-                 "own best: --own-best)")
+        at = f"best {tracked[0]}" if len(tracked) == 1 else "best early-stop metric"
+        value = (f"each run's evaluation with the {at} (what early stopping keeps; "
+                 "--own-best: each metric's own best)")
     text = f"mean ± std over finished seeds of {value}; {mark} best per metric"
     if "ablation" in table.attrs.get("keys", []):
         text += "; Δ vs baseline, p from Welch's t-test (needs 2+ seeds each)"
