@@ -172,3 +172,19 @@ def test_the_console_script_plans_trains_and_queues_a_package_in_the_current_dir
         assert status == "completed", row.get("error")
     finally:
         gridrun(script, "engine", "stop", "--root", "bg", cwd=tmp_path)
+
+
+def test_queue_warns_when_the_running_engine_imports_from_another_folder(away_from_path, capsys):
+    from types import SimpleNamespace
+
+    from gridrun.commands.engine import _elsewhere
+    from gridrun.spec import load_runs
+
+    file = write_package(away_from_path, "cwdlab_elsewhere")
+    runs = load_runs(file)  # imports the package from the current directory
+    _elsewhere(SimpleNamespace(cwd=str(away_from_path)), runs)
+    assert capsys.readouterr().err == ""  # the engine runs here: nothing to say
+    _elsewhere(SimpleNamespace(cwd="/"), runs)
+    err = capsys.readouterr().err
+    assert "the engine runs in / and its workers import task packages from there" in err
+    assert "'cwdlab_elsewhere'" in err

@@ -104,9 +104,29 @@ def queue(file: FileArg, force: Annotated[bool, typer.Option(
     any error)."""
     from gridrun.engine import daemon
 
-    _queue(file, root, force, check)
-    if not daemon.status(root).running:
+    runs, _, _ = _queue(file, root, force, check)
+    st = daemon.status(root)
+    if not st.running:
         typer.echo(f"the engine is not running: start it with `gridrun engine start --root {root}`")
+    else:
+        _elsewhere(st, runs)
+
+
+def _elsewhere(st, runs) -> None:
+    """A warning when a task package came from this folder but the running engine was
+    started in another one: its workers import task packages from there."""
+    import os
+
+    here = os.path.realpath(os.getcwd())
+    if not st.cwd or os.path.realpath(st.cwd) == here:
+        return
+    for top in sorted({r.task.partition(":")[0].split(".")[0] for r in runs if ":" in r.task}):
+        module = sys.modules.get(top)
+        origin = os.path.realpath(getattr(module, "__file__", None) or "/")
+        if origin.startswith(here + os.sep) and not os.path.exists(os.path.join(st.cwd, top)):
+            typer.echo(f"warning: the engine runs in {st.cwd} and its workers import task packages "
+                       f"from there, but {top!r} is in {here}: install it (pip install -e), or "
+                       "`gridrun engine stop` and start it again from here", err=True)
 
 
 def run(file: FileArg,

@@ -39,6 +39,7 @@ class EngineStatus:
     log: Path
     starting: bool = False  # alive, but its backend (a Ray cluster, say) is not up yet
     heartbeat_age: float | None = None  # seconds since its last heartbeat; None: none yet
+    cwd: str | None = None  # the folder it runs in: its workers import task packages from there
 
     @property
     def responding(self) -> bool:
@@ -62,8 +63,9 @@ def status(root: str | os.PathLike, *, store: Any = None, heartbeat: bool = True
         alive = process_alive(pid, started) is not None  # a zombie engine is not running
     starting = alive and info.get("state") == "starting"
     age = _heartbeat_age(root, pid, store) if heartbeat and alive and not starting else None
+    cwd = info.get("cwd") if alive and isinstance(info.get("cwd"), str) else None
     return EngineStatus(alive, pid if alive else None, info.get("started_at") if alive else None,
-                        root, root / LOG, starting=starting, heartbeat_age=age)
+                        root, root / LOG, starting=starting, heartbeat_age=age, cwd=cwd)
 
 
 def _heartbeat_age(root: Path, pid: int, store: Any) -> float | None:
@@ -218,7 +220,9 @@ def serve(root: Path, *, until_idle: bool = False, **engine_options: Any) -> int
     from gridrun.engine.backends.child import process_start_time
 
     pid = os.getpid()
-    record = {"pid": pid, "start_time": process_start_time(pid), "started_at": time.time()}
+    # cwd: where its workers import task packages from (tasks.use_working_directory)
+    record = {"pid": pid, "start_time": process_start_time(pid), "started_at": time.time(),
+              "cwd": os.getcwd()}
 
     def write_pid(**fields: Any) -> None:
         tmp = root / (PID + ".tmp")
