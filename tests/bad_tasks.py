@@ -7,6 +7,8 @@ correct task with dict samples and its own collate_fn: the check must pass it.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -249,3 +251,35 @@ def preprocess_applied() -> Task:
     prep, raw_train, raw_val = _Scale(), _raw(64, 0), _raw(64, 1)
     train, val = (TensorDataset(prep(r.tensors[0]), r.tensors[1]) for r in (raw_train, raw_val))
     return _task(train_data=train, val_data=val, preprocess=prep, raw_val_data=raw_val)
+
+
+# ---- derived metrics (Task.derived): computed from the aggregated ones
+
+def derived_missing_metric() -> Task:
+    """A typo in the name a derived metric reads."""
+    return _task(derived={"perplexity": ("lower", lambda m: math.exp(m["los"]))})
+
+
+def derived_raises() -> Task:
+    def ratio(m):
+        raise ValueError("precision and recall are both needed")
+
+    return _task(derived={"ratio": ("higher", ratio)})
+
+
+def derived_bad_direction() -> Task:
+    return _task(derived={"perplexity": ("down", lambda m: math.exp(m["loss"]))})
+
+
+def derived_not_a_number() -> Task:
+    return _task(derived={"grade": ("higher", lambda m: "good" if m["acc"] > 0.5 else "bad")})
+
+
+def derived_shadows_a_metric() -> Task:
+    return _task(derived={"acc": ("higher", lambda m: m["acc"] * 100)})
+
+
+def derived_good() -> Task:
+    """Correct: perplexity from the mean loss, and an error rate from the accuracy."""
+    return _task(derived={"perplexity": ("lower", lambda m: math.exp(m["loss"])),
+                          "error": ("lower", lambda m: 1 - m["acc"])})

@@ -296,3 +296,20 @@ def huge_data(train_size: int = 1024) -> Task:
     task = spirals(hidden=8, depth=1, train_size=64, val_size=32)
     task.train_data = _Many(train_size)
     return task
+
+
+def perplexity(train_size: int = 256, val_size: int = 64, hidden: int = 16) -> Task:
+    """A task that reports only its loss, with perplexity derived from the mean loss
+    (Task.derived), as a language model's would be."""
+    import math
+
+    task = spirals(train_size=train_size, val_size=val_size, hidden=hidden, depth=1)
+    inner = task.evaluate
+
+    def evaluate(model, batch):
+        return {"loss": inner(model, batch)["loss"]}
+
+    task.evaluate = evaluate
+    task.metrics = {"loss": "lower"}
+    task.derived = {"perplexity": ("lower", lambda m: math.exp(m["loss"]))}
+    return task

@@ -98,7 +98,9 @@ def test_cancel_a_queued_and_a_running_run(tmp_path, backend):
 
 @pytest.mark.slow
 def test_a_killed_worker_resumes_from_its_checkpoint_and_others_are_untouched(tmp_path, backend):
-    victim, other = slow_run(seed=0, sleep=0.05, epochs=6), slow_run(seed=1, sleep=0.05, epochs=6)
+    # one thread each: two runs side by side on two cores (the engine never oversubscribes)
+    victim = slow_run(seed=0, sleep=0.05, epochs=6, threads=1)
+    other = slow_run(seed=1, sleep=0.05, epochs=6, threads=1)
     reference = tmp_path / "reference"
     with Store(reference) as store:
         store.enqueue([victim, other])

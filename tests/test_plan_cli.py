@@ -79,3 +79,44 @@ def test_console_script_runs_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert "did you mean 'lr'?" in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+PLAN_ROOT = """
+[experiments.p]
+task = "spirals"
+train_size = 64
+val_size = 32
+epochs = 1
+batch_size = 32
+seeds = 4
+"""
+
+
+def test_plan_takes_a_root_and_says_what_is_new_there(tmp_path):
+    from gridrun.runs import states
+    from gridrun.runs.store import Store
+    from gridrun.spec import load_runs
+
+    file = tmp_path / "exp.toml"
+    file.write_text(PLAN_ROOT)
+    root = tmp_path / "runs"
+    fresh = plan(str(file), "--root", str(root))
+    assert fresh.exit_code == 0, fresh.output
+    assert fresh.stdout.splitlines()[-1] == f"in {root}: 4 new"
+    assert not root.exists()  # planning writes nothing
+    runs = load_runs(file)
+    with Store(root) as store:
+        store.enqueue(runs[:3])
+        store.transition(runs[0].id, states.QUEUED, states.RUNNING, slot="cpu0")
+        store.transition(runs[0].id, states.RUNNING, states.COMPLETED)
+        store.transition(runs[1].id, states.QUEUED, states.RUNNING, slot="cpu0")
+        store.transition(runs[1].id, states.RUNNING, states.FAILED)
+    result = plan(str(file), "--root", str(root))
+    assert result.stdout.splitlines()[-1] == (
+        f"in {root}: 1 new, 1 done, 1 queued or running, 1 ended without completing "
+        "(`gridrun queue` runs these again; --force the done ones too)")
+    as_json = json.loads(plan(str(file), "--root", str(root), "--json").stdout)
+    assert as_json["root"] == {"path": str(root), "new": 1, "done": 1, "queued": 1, "again": 1}
+    top = CliRunner().invoke(app, ["--root", str(root), "plan", str(file)])
+    assert top.stdout.splitlines()[-1].startswith(f"in {root}: 1 new")
+    assert plan(str(file)).stdout.splitlines()[-1].startswith("total:")  # no root: no counts

@@ -40,6 +40,7 @@ def allowed(key: Key) -> str:
         "source or array of sources": "`all`, `init`, `order`, `augment`, `model`, or an array "
                                       "of sources",
         'integer or "seed"': "an integer >= 0, or `seed`",
+        'integer or "auto"': "`auto`, or an integer " + ", ".join(bits),
     }
     if key.type in special:
         return special[key.type]

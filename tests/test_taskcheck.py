@@ -32,6 +32,14 @@ MISTAKES = {
     "preprocess_forgotten": ["val_data's samples are not preprocess(raw)", "sample 0",
                              "differs by up to", "call the task's preprocess"],
     "preprocess_without_raw": ["preprocess is declared but raw_val_data is not"],
+    "derived_missing_metric": ["derived metric 'perplexity' failed", "it reads 'los', which is "
+                               "not a metric (did you mean 'loss'?)", "bad_tasks.py:"],
+    "derived_raises": ["derived metric 'ratio' failed", "ValueError: precision and recall",
+                       "bad_tasks.py:"],
+    "derived_bad_direction": ["derived['perplexity'] is ('down',", '"lower" | "higher"'],
+    "derived_not_a_number": ["derived metric 'grade' failed", "it returned 'good'",
+                             "not a number"],
+    "derived_shadows_a_metric": ["derived metric 'acc' is also in metrics"],
 }
 
 
@@ -98,6 +106,22 @@ def test_early_stop_metric_not_among_the_metrics(tmp_path):
     assert lines[2] == f"2 problems in {spec}; nothing was queued."
 
 
+def test_early_stop_metric_abbreviated_gets_a_did_you_mean_and_derived_ones_count(tmp_path):
+    spec = write(tmp_path, '[experiments.e]\ntask = "spirals"\ntrain_size = 256\nval_size = 64\n'
+                           'early_stop_metric = "acc"\n\n[experiments.f]\n'
+                           'task = "bad_tasks:derived_good"\nearly_stop_metric = "ppl"\n\n'
+                           '[experiments.g]\ntask = "bad_tasks:derived_good"\n'
+                           'early_stop_metric = "perplexity"\n')
+    code, _, err = gridrun("plan", "--check", str(spec))
+    assert code == 2
+    lines = err.splitlines()
+    assert lines[0].endswith("early_stop_metric 'acc' is not among its metrics 'loss', "
+                             "'accuracy' (did you mean 'accuracy'?)")
+    assert lines[1].endswith("early_stop_metric 'ppl' is not among its metrics 'loss', 'acc', "
+                             "'perplexity', 'error' (did you mean 'perplexity'?)")
+    assert lines[2] == f"2 problems in {spec}; nothing was queued."  # g is fine
+
+
 def test_every_mistake_of_a_file_at_once_and_one_never_stops_the_others(tmp_path):
     body = "".join(f'[experiments.{f.replace("_", "-")}]\ntask = "bad_tasks:{f}"\n\n'
                    for f in ["good", *MISTAKES])
@@ -124,7 +148,7 @@ def test_a_problem_in_some_cells_names_them(tmp_path):
 
 
 @pytest.mark.parametrize("task", ["bad_tasks:good", "bad_tasks:dict_batches", "bad_tasks:weight_normed",
-                                  "bad_tasks:preprocess_applied", "spirals", "shapes", "sort"])
+                                  "bad_tasks:preprocess_applied", "bad_tasks:derived_good", "spirals", "shapes", "sort"])
 def test_correct_tasks_pass_without_a_word(tmp_path, task):
     spec = write(tmp_path, f'[experiments.ok]\ntask = "{task}"\ngrid = {{ lr = [1e-3, 1e-2] }}\n')
     code, out, err = gridrun("plan", "--check", "--json", str(spec))

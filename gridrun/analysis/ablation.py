@@ -15,9 +15,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from gridrun.analysis import tdist
-from gridrun.analysis.frames import PENDING, collector_paused
+from gridrun.analysis.frames import PENDING, TRACKED, collector_paused
 from gridrun.analysis.rowtable import RowTable, missing
 from gridrun.runs import records, states
+from gridrun.spec.errors import suggest_metric
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -111,26 +112,31 @@ def _cells_of(sub: list[dict[str, Any]], keys: list[str]) -> list[tuple[tuple[An
 
 
 def ablation(runs: RowTable, experiment: str | None = None, by: Iterable[str] | None = None,
-             metric: str | None = None, final: bool = False) -> RowTable:
-    """Mean, std, n, 95% CI, min and max over seeds per cell; see the module doc."""
+             metric: str | None = None, final: bool = False, own: bool = False) -> RowTable:
+    """Mean, std, n, 95% CI, min and max over seeds per cell; see the module doc.
+    A run's value of a metric is, by default, the metric at the run's best evaluation
+    in its early-stop metric (what early stopping keeps); `final`: at its last
+    evaluation; `own`: the metric's own best over the run's evaluations."""
     with collector_paused():
-        return _ablation(runs, experiment, by, metric, final)
+        return _ablation(runs, experiment, by, metric, final, own)
 
 
 def ablation_table(frame: pd.DataFrame, experiment: str | None = None,
                    by: Iterable[str] | None = None, metric: str | None = None,
-                   final: bool = False) -> pd.DataFrame:
+                   final: bool = False, own: bool = False) -> pd.DataFrame:
     """`ablation` of a DataFrame of runs (`frames.runs_frame`), as a DataFrame."""
-    return ablation(RowTable.from_frame(frame), experiment, by, metric, final).to_frame()
+    return ablation(RowTable.from_frame(frame), experiment, by, metric, final, own).to_frame()
 
 
 def _ablation(runs: RowTable, experiment: str | None, by: Iterable[str] | None,
-              metric: str | None, final: bool) -> RowTable:
+              metric: str | None, final: bool, own: bool = False) -> RowTable:
     directions = dict(runs.attrs.get("directions", {}))
     all_metrics = list(runs.attrs.get("metrics", []))
     config_cols = list(runs.attrs.get("config_columns", []))
     axes = list(runs.attrs.get("axes", []))
-    kind = "final" if final else "best"
+    if final and own:
+        raise AnalysisError("--final and --own-best ask for different values: choose one")
+    kind = "final" if final else "own" if own else "best"
     if runs.empty:
         raise AnalysisError("no runs yet")
     rows = runs.rows
@@ -141,10 +147,13 @@ def _ablation(runs: RowTable, experiment: str | None, by: Iterable[str] | None,
         rows = [r for r in rows if r.get("experiment") == experiment]
     if metric is not None:
         if metric not in all_metrics:
+            guess = suggest_metric(metric, all_metrics)
             raise AnalysisError(f"no metric {metric!r}; the runs report: "
-                                f"{', '.join(all_metrics) or 'nothing yet'}")
+                                f"{', '.join(all_metrics) or 'nothing yet'}"
+                                + (f" (did you mean {guess!r}?)" if guess else ""))
         all_metrics = [metric]
-    metrics = [m for m in all_metrics if f"{kind}_{m}" in runs.columns]
+    metrics = all_metrics  # declared by a started run, or with values: a column each
+    notes: list[str] = []
     by = [k.strip() for k in by if k.strip()] if by else None
     for key in by or ():
         if key in ("seed", "id"):
@@ -153,8 +162,14 @@ def _ablation(runs: RowTable, experiment: str | None, by: Iterable[str] | None,
             raise AnalysisError(f"no column {key!r} to group by; config keys are: {', '.join(config_cols)}")
     out_rows: list[dict[str, Any]] = []
     all_keys: dict[str, None] = {}
+    tracked: dict[str, None] = {}
     for exp in dict.fromkeys(r.get("experiment") for r in rows):
         sub = [r for r in rows if r.get("experiment") == exp]
+        tracked.update(dict.fromkeys(r[TRACKED] for r in sub if isinstance(r.get(TRACKED), str)))
+        if own and (older := sum(r.get("status") == states.COMPLETED and not any(
+                f"own_{m}" in r for m in metrics) for r in sub)):
+            notes.append(f"{exp}: {older} run{'s' * (older != 1)} recorded before own bests "
+                         "were (an older gridrun): left out of the --own-best values")
         keys = _grouping(sub, config_cols, by, axes)
         all_keys.update(dict.fromkeys(keys))
         numbers = {m: [_number(r.get(f"{kind}_{m}")) for r in sub] for m in metrics}
@@ -207,4 +222,5 @@ def _ablation(runs: RowTable, experiment: str | None, by: Iterable[str] | None,
     present = {k for r in out_rows for k in r}
     return RowTable(out_rows, front + [c for c in stats_cols if c in present],
                     {"directions": {m: records.direction(m, directions) for m in metrics},
-                     "metrics": metrics, "keys": list(all_keys), "value": kind})
+                     "metrics": metrics, "keys": list(all_keys), "value": kind,
+                     "tracked": list(tracked), "notes": notes})

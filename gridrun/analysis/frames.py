@@ -40,6 +40,11 @@ BASE = ["id", "experiment", "variant", "ablation", "seed", "task", "status"]
 RUN_FIELDS = ["step", "total_steps", "best_step", "started_at", "ended_at", "wall_time_s",
               "train_loss", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "device",
               "precision", "error"]
+TRACKED = "tracked"  # the metric a run's best evaluation is best in (its resolved early-stop metric)
+# a run's metric values by what they hold, and the prefix of their columns: the last
+# evaluation; the evaluation best in the early-stop metric (what early stopping keeps);
+# each metric's own best evaluation
+KINDS = {"final": "final_", "best": "best_", "own_best": "own_"}
 PENDING = (states.QUEUED, states.RUNNING, states.INTERRUPTED)
 CONFIG_MAX = 1 << 20  # a config.toml bigger than this is not one gridrun wrote
 
@@ -106,7 +111,8 @@ def _live(path: Path, spec: RunSpec, notes: list[str]) -> dict[str, Any]:
     p = progress.fold(got.records, previous=known)
     return {"step": p.step if p.lines else None, "train_loss": p.train_loss,
             "samples_per_s": p.mean_samples_per_s, "final": dict(p.last),
-            "best": dict(p.best_values), "best_step": p.best_step, "metrics": dict(p.metrics)}
+            "best": dict(p.best_values), "best_step": p.best_step, "metrics": dict(p.metrics),
+            "own_best": dict(p.own_best), "early_stop_metric": p.metric if p.lines else None}
 
 
 @dataclass
@@ -146,9 +152,10 @@ def _entry(spec: RunSpec, folder: Path | None, status: str | None,
     entry.directions = dict(data.get("metrics") or {})  # as the task declares them
     row["status"] = status or file_status or states.QUEUED
     row.update(zip(RUN_FIELDS, map(data.get, RUN_FIELDS), strict=True))
-    for kind in ("final", "best"):
+    row[TRACKED] = data.get("early_stop_metric")
+    for kind, prefix in KINDS.items():
         for name, value in (data.get(kind) or {}).items():
-            row[f"{kind}_{name}"] = value
+            row[prefix + name] = value
     # a summary is a cleaned Summary (no git keys of its own): its provenance, and the store's
     for source in ((summary or {}).get("provenance"), provenance):
         if isinstance(source, dict | Mapping):  # dict first: the common case, without the ABC
@@ -174,15 +181,15 @@ def _in_order(summary: dict[str, Any], root: Path, run: Run,
     """A store summary with its metrics in the task's order: the store keeps JSON
     keys sorted, so the order (the table's columns) is taken from one ended run's
     summary.json per experiment."""
-    if all(len(summary.get(kind) or ()) < 2 for kind in ("final", "best")):
+    if all(len(summary.get(kind) or ()) < 2 for kind in KINDS):
         return summary  # nothing to order
     order = orders.get(run.experiment)
     if order is None:  # one try per experiment: without a readable file, the sorted order
         read = runlog.read_summary(run.run_dir(root) / layout.SUMMARY)
         file = read.to_json() if read is not None else {}
-        order = orders[run.experiment] = {k: list(file.get(k) or {}) for k in ("final", "best")}
+        order = orders[run.experiment] = {k: list(file.get(k) or {}) for k in (*KINDS, "metrics")}
     out = summary
-    for kind in ("final", "best"):
+    for kind in (*KINDS, "metrics"):
         values, keys = summary.get(kind), order[kind]
         if keys and isinstance(values, dict) and list(values) != keys:
             if out is summary:
@@ -359,9 +366,13 @@ def _table(entries: list[_Entry], skipped: list[str], refused: list[str] = ()) -
         columns = dict.fromkeys(BASE)
     metrics: dict[str, None] = {}
     for column in columns:
-        for kind in ("best_", "final_"):
+        for kind in KINDS.values():
             if column.startswith(kind) and column != "best_step":
                 metrics[column[len(kind):]] = None
+    # a run that has started declares its metrics (its start line) before any evaluation:
+    # its columns come from there, never from a guess
+    for e in entries:
+        metrics.update(dict.fromkeys(e.directions))
     for name in metrics:
         directions.setdefault(name, records.direction(name))
     front = [c for c in BASE if c in columns]

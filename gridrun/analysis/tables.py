@@ -67,9 +67,14 @@ def table_cells(table: RowTable | pd.DataFrame, pm: str = " ± ",
     show_exp = len(set(table.column("experiment"))) > 1
     deltas = "ablation" in keys
     header = [*(["experiment"] if show_exp else []), *map(esc, keys), "seeds"]
+    tracked = table.attrs.get("tracked") or []
     for m in metrics:
         arrow = "↓" if records.direction(m, directions) == records.LOWER else "↑"
-        header.append(f"{esc(m)} {arrow}")
+        # by default a metric's value is taken at the tracked metric's best evaluation:
+        # a column of another metric says so (its own best: --own-best)
+        at = (f" at best {esc(tracked[0])}" if table.attrs.get("value", "best") == "best"
+              and len(tracked) == 1 and m != tracked[0] else "")
+        header.append(f"{esc(m)} {arrow}{at}")
         if deltas and f"{m}_delta" in table.columns:
             header += [f"Δ {esc(m)}", "p"]
     # a metric's deltas share one precision down the column (the finest its cells need)
@@ -107,8 +112,16 @@ def _cells(table: RowTable, bold: tuple[str, str], pm: str,
 
 def legend(table: RowTable | pd.DataFrame, mark: str) -> str:
     """What the numbers of a formatted table are, one line; `mark` names the best cells' mark."""
-    value = "final" if table.attrs.get("value") == "final" else "best validation"
-    text = f"mean ± std over finished seeds of the {value} value; {mark} best per metric"
+    kind, tracked = table.attrs.get("value"), table.attrs.get("tracked") or []
+    if kind == "final":
+        value = "the last evaluation's values"
+    elif kind == "own":
+        value = "each metric's own best validation value"
+    else:
+        at = f"best {tracked[0]}" if len(tracked) == 1 else "best early-stop metric"
+        value = (f"each run's evaluation with the {at} (what early stopping keeps; "
+                 "--own-best: each metric's own best)")
+    text = f"mean ± std over finished seeds of {value}; {mark} best per metric"
     if "ablation" in table.attrs.get("keys", []):
         text += "; Δ vs baseline, p from Welch's t-test (needs 2+ seeds each)"
     return text

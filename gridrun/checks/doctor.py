@@ -278,6 +278,7 @@ def check_environment() -> Check:
     machine: versions, driver, CUDA_VISIBLE_DEVICES and the default determinism settings."""
     try:
         from gridrun.train import environment
+        from gridrun.train.threads import GPU_THREADS
     except ImportError:
         return Check("environment", WARN, "torch is not installed")
     try:
@@ -291,7 +292,11 @@ def check_environment() -> Check:
              + (f" ({env['gpu']}, {env['gpu_memory_bytes'] / 2**30:.0f} GiB)" if env["gpu"] else ""),
              f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES'] if env['CUDA_VISIBLE_DEVICES'] is not None else 'unset'}",
              "deterministic = true sets use_deterministic_algorithms, cudnn.deterministic, "
-             "cudnn.benchmark off and CUBLAS_WORKSPACE_CONFIG=:4096:8"]
+             "cudnn.benchmark off and CUBLAS_WORKSPACE_CONFIG=:4096:8",
+             f"CPU {env['cpu_capability']} ({env['cpu'] or 'model unknown'}), BLAS "
+             f"{env['blas'] or 'unknown'}, oneDNN {env['onednn'] or 'off'}; {env['cores']} usable "
+             f"core{'s' * (env['cores'] != 1)}: threads = \"auto\" is {env['cores']} for a CPU run, "
+             f"{min(GPU_THREADS, env['cores'])} for a GPU run"]
     return Check("environment", OK, "; ".join(parts))
 
 

@@ -29,16 +29,18 @@ import torch
 from torch import nn
 from torch.utils.data import default_collate
 
+from gridrun import tasks
 from gridrun.checks.rawcheck import check_preprocess
 from gridrun.checks.switchcheck import switch_notes
 from gridrun.spec import RunSpec, format_value
-from gridrun.spec.errors import LineIndex, Problem, nearest
+from gridrun.spec.errors import LineIndex, Problem, suggest_metric
 from gridrun.spec.keys import MAX_STEPS
 from gridrun.spec.load import read_text
-from gridrun.tasks import Task, resolve
+from gridrun.tasks import DerivedMetricError, Task, resolve
 from gridrun.train.seeding import rng_state, seed_everything, set_rng_state
 
 _TORCH_DIR = str(Path(torch.__file__).parent)
+_OURS = {__file__, tasks.__file__}  # frames of the check and of Task.derive are not the user's
 _MODULE_INTERNALS = {"_modules", "_parameters", "_buffers"}
 
 
@@ -86,9 +88,14 @@ def describe(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {lines[0].strip()}" if lines else type(exc).__name__
     if len(text) > 240:
         text = text[:237] + "..."
+    return text + where(exc)
+
+
+def where(exc: BaseException) -> str:
+    """` at FILE:LINE`: the last frame of the user's code in the traceback, or ""."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.startswith(_TORCH_DIR) and f.filename != __file__]
-    return text + (f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "")
+              if not f.filename.startswith(_TORCH_DIR) and f.filename not in _OURS]
+    return f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
 
 
 def _names(names: Sequence[str], most: int = 6) -> str:
@@ -251,6 +258,7 @@ def _eval_step(task: Task, model: nn.Module, batch: Any, metrics: Mapping[str, s
         found.append(f"evaluate returns {_names([repr(str(k)) for k in out])} but metrics declares "
                      f"{_names([repr(m) for m in metrics])}: {what} (return exactly the declared "
                      "names, or declare them in metrics)")
+    values: dict[str, float] = {}
     for name, value in out.items():
         if not _pair(value):
             shown = repr(value.tolist() if isinstance(value, torch.Tensor) and value.numel() < 5
@@ -258,6 +266,14 @@ def _eval_step(task: Task, model: nn.Module, batch: Any, metrics: Mapping[str, s
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
             found.append(f"evaluate returned {shown} for {str(name)!r}, not a (sum, count) pair "
                          "(return e.g. (correct.sum(), len(y)); the trainer divides once at the end)")
+        elif name in metrics:
+            total, count = (float(v) for v in value)
+            values[name] = total / count if count else math.nan
+    if not missing and len(values) == len(metrics) and task.derived:
+        try:  # on this one batch's aggregates, as the trainer does over the whole set
+            task.derive(values)
+        except DerivedMetricError as err:
+            found.append(str(err) + where(err.exc))
 
 
 def check_task(task_name: str, task_args: Mapping[str, Any], *, seed: int = 0,
@@ -282,9 +298,19 @@ def check_task(task_name: str, task_args: Mapping[str, Any], *, seed: int = 0,
         found.append(f"metrics is {metrics!r}: expected a non-empty dict "
                      "{name: \"lower\" | \"higher\"}")
         metrics = None
+    declared = None
+    if metrics and (problem := task.derived_problem()) is not None:
+        found.append(problem)
+        # the rest is checked without them; their names still count (early_stop_metric)
+        names = [n for n in task.derived if isinstance(n, str)] if isinstance(
+            task.derived, Mapping) else []
+        task.derived = {}
+        declared = {**metrics, **dict.fromkeys(names, "lower")}
+    elif metrics:
+        declared = task.all_metrics()
     if not isinstance(task.model, nn.Module):
         found.append(f"model is {type(task.model).__name__}, not a torch.nn.Module")
-        return found, notes, metrics and dict(metrics)
+        return found, notes, declared
     task.model.cpu()
     if sizes is not None:
         with contextlib.suppress(Exception):  # no len(): _batch says what is wrong
@@ -300,7 +326,7 @@ def check_task(task_name: str, task_args: Mapping[str, Any], *, seed: int = 0,
         _eval_step(task, task.model, val, metrics, found)
     if val is not None:
         check_preprocess(task, found, describe)
-    return found, notes, metrics and dict(metrics)
+    return found, notes, declared
 
 
 # --------------------------------------------------------------------------- a whole file
@@ -407,7 +433,7 @@ def check_runs(runs: Sequence[RunSpec], path: str | Path,
                 if r.experiment == experiment and metric and c.metrics and metric not in c.metrics:
                     wrong.setdefault(metric, c)
         for metric, c in wrong.items():
-            guess = nearest(metric, c.metrics or {})
+            guess = suggest_metric(metric, c.metrics or {})
             problems.append(Problem(
                 str(path), f"task {c.task!r}: early_stop_metric {metric!r} is not among its metrics "
                 f"{', '.join(map(repr, c.metrics or {}))}",

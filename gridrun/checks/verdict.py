@@ -10,6 +10,9 @@ object:
                  before the recorded run's last step)
     weights_sha256  of the replay's final state dict
     difference   null, or the first one: step, split, field, recorded, replayed
+    environment  {field: {"recorded", "replayed"}}: the fields that decide the bits
+                 (threads, cpu_capability, versions, ...) that differ between the
+                 run and the replay; with a difference, `describe` names them
     when, args, replay_status, replay_error, device, recorded_device, wall_time_s
 """
 
@@ -75,8 +78,15 @@ def describe(verdict: dict[str, Any], *, short: bool = False) -> str:
     d = verdict.get("difference") or {}
     if short:
         return f"differs at step {d.get('step')} {d.get('field')}"
-    return (f"differs at step {d.get('step')} ({d.get('split')}): {d.get('field')} "
+    text = (f"differs at step {d.get('step')} ({d.get('split')}): {d.get('field')} "
             f"recorded {_show(d.get('recorded'))}, replayed {_show(d.get('replayed'))}")
+    env = verdict.get("environment")
+    if isinstance(env, dict) and env:
+        fields = ", ".join(f"{name} recorded {v.get('recorded')!r}, replayed {v.get('replayed')!r}"
+                           for name, v in env.items() if isinstance(v, dict))
+        text += (f"; the environment differs: {fields} (the same bits are promised only "
+                 "in the same environment)")
+    return text
 
 
 def _show(value: Any) -> str:

@@ -29,7 +29,7 @@ import torch
 from gridrun.checks import verdict
 from gridrun.runs import layout, nofollow, records, runlog, space, states
 from gridrun.spec import parse_run_config
-from gridrun.train import checkpoint
+from gridrun.train import checkpoint, environment, threads
 from gridrun.train.trainer import train
 
 MISSING = "(missing)"
@@ -79,6 +79,10 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
         raise VerifyError(f"{run_dir}: no steps recorded {where}: nothing to compare"
                           + (" (verify from the start instead)" if from_checkpoint else ""))
     target = last_step if steps is None else min(last_step, start_step + steps)
+    recorded_env = recorded_summary.get("environment") or {}
+    if isinstance(recorded_env.get("threads"), int) and recorded_env["threads"] >= 1:
+        # the bits depend on the thread count: replay with the run's own, on any machine
+        run = run.with_trainer(threads=recorded_env["threads"])
 
     with tempfile.TemporaryDirectory(prefix="gridrun-verify-") as tmp:
         scratch = Path(tmp)
@@ -94,9 +98,13 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
             progress(calls, target - start_step)
             return start_step + calls >= target
 
-        with contextlib.redirect_stderr(io.StringIO()):  # a failure's traceback is in summary
-            summary = train(run, scratch, fresh=not from_checkpoint, should_stop=should_stop,
-                            log=lambda line: None)
+        before = threads.apply(torch.get_num_threads())  # the replay's threads are its own
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # a failure's traceback is in summary
+                summary = train(run, scratch, fresh=not from_checkpoint, should_stop=should_stop,
+                                log=lambda line: None)
+        finally:
+            threads.restore(before)
         if summary["status"] == states.FAILED and space.mentions_no_space(summary["error"]):
             raise VerifyError(f"{run_dir}: the replay ran out of disk space in {scratch.parent} "
                               f"({summary['error']}): free some space, then verify again")
@@ -104,7 +112,8 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
         if not replayed and summary["status"] == states.FAILED:  # e.g. the task no longer imports
             raise VerifyError(f"{run_dir}: the replay could not start: {summary['error']}")
         window = [r for r in recorded if r.get("step", 0) <= target]
-        difference = compare_lines(window, replayed, summary)
+        difference = compare_lines(window, replayed, summary,
+                                   log_format=records.log_format(first_line(run_dir)))
         weights = "not compared"
         if difference is None:
             weights, difference = compare_weights(run_dir, recorded_summary, scratch, summary)
@@ -118,6 +127,7 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
         "when": time.time(), "args": {"steps": steps, "from_checkpoint": from_checkpoint},
         "replay_status": summary["status"], "replay_error": summary["error"],
         "device": summary["device"], "recorded_device": recorded_summary.get("device"),
+        "environment": environment_differences(recorded_env, summary.get("environment") or {}),
         "wall_time_s": round(time.time() - started, 3),
     }
     try:
@@ -128,6 +138,23 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
     return result
 
 
+def first_line(run_dir: Path) -> dict[str, Any] | None:
+    """The run's first metrics line (its start line), or None."""
+    try:
+        chunk = next(runlog.iter_chunks(run_dir / layout.METRICS, 4096), None)
+    except OSError:
+        return None
+    return chunk.records[0] if chunk is not None and chunk.records else None
+
+
+def environment_differences(recorded: dict[str, Any], replayed: dict[str, Any]) -> dict[str, Any]:
+    """{field: {"recorded", "replayed"}} for each field that decides a run's bits
+    (environment.REPRODUCE) and differs; fields the run did not record are left out."""
+    return {f: {"recorded": recorded[f], "replayed": replayed.get(f)}
+            for f in environment.REPRODUCE
+            if recorded.get(f) is not None and recorded[f] != replayed.get(f)}
+
+
 def same(a: Any, b: Any) -> bool:
     """Bitwise equality: floats by their bits (NaN equals NaN, 0.0 is not -0.0)."""
     if isinstance(a, float) and isinstance(b, float):
@@ -136,13 +163,19 @@ def same(a: Any, b: Any) -> bool:
 
 
 def compare_lines(recorded: list[dict[str, Any]], replayed: list[dict[str, Any]],
-                  summary: dict[str, Any]) -> dict[str, Any] | None:
-    """The first difference between the recorded lines and the replayed ones, position by position."""
+                  summary: dict[str, Any], log_format: int = records.CURRENT_FORMAT
+                  ) -> dict[str, Any] | None:
+    """The first difference between the recorded lines and the replayed ones, position
+    by position. The start line's FORMAT is not a result; a log of an older format
+    is read by its own definitions (records.FORMAT: a train line's epoch)."""
     for rec, rep in zip(recorded, replayed, strict=False):
         for field in [*rec, *(k for k in rep if k not in rec)]:
-            if field in records.TIMING:
+            if field in records.TIMING or field == records.FORMAT:
                 continue
             a, b = rec.get(field, MISSING), rep.get(field, MISSING)
+            if (field == records.EPOCH and log_format < 2 and rec.get(records.SPLIT) == records.TRAIN
+                    and type(a) is int and b == a + 1):
+                continue  # the epoch in progress at an epoch's last step, as it was written
             if not same(a, b):
                 return {"step": rec.get("step"), "split": rec.get("split"), "field": field,
                         "recorded": a, "replayed": b}

@@ -66,6 +66,9 @@ def compare(
                                                 help="Only this metric.")] = None,
     final: Annotated[bool, typer.Option("--final", help="The value at the last evaluation "
                                         "instead of the best one (what early stopping keeps).")] = False,
+    own_best: Annotated[bool, typer.Option(
+        "--own-best", help="Each metric's own best evaluation, instead of every metric at the "
+        "evaluation best in the early-stop metric (what early stopping keeps).")] = False,
     fmt: Annotated[Format, typer.Option(
         "--format", metavar="FORMAT", help=f"Output format: {choices(Format)}. csv has columns "
         "such as loss_mean, loss_std and n.")] = Format.table,
@@ -95,11 +98,11 @@ def compare(
         return
     try:
         table = ablation(frame, experiment, by=by.split(",") if by else None,
-                               metric=metric, final=final)
+                         metric=metric, final=final, own=own_best)
     except AnalysisError as exc:
         fail(str(exc))
     typer.echo(format_table(table, fmt.value), nl=False)
-    _notes(notes(frame))
+    _notes([*notes(frame), *table.attrs.get("notes", [])])
 
 
 def export(

@@ -110,9 +110,29 @@ def queue(file: FileArg, force: Annotated[bool, typer.Option(
     any error)."""
     from gridrun.engine import daemon
 
-    _queue(file, root, force, check)
-    if not daemon.status(root).running:
+    runs, _, _ = _queue(file, root, force, check)
+    st = daemon.status(root)
+    if not st.running:
         typer.echo(f"the engine is not running: start it with `gridrun engine start --root {root}`")
+    else:
+        _elsewhere(st, runs)
+
+
+def _elsewhere(st, runs) -> None:
+    """A warning when a task package came from this folder but the running engine was
+    started in another one: its workers import task packages from there."""
+    import os
+
+    here = os.path.realpath(os.getcwd())
+    if not st.cwd or os.path.realpath(st.cwd) == here:
+        return
+    for top in sorted({r.task.partition(":")[0].split(".")[0] for r in runs if ":" in r.task}):
+        module = sys.modules.get(top)
+        origin = os.path.realpath(getattr(module, "__file__", None) or "/")
+        if origin.startswith(here + os.sep) and not os.path.exists(os.path.join(st.cwd, top)):
+            typer.echo(f"warning: the engine runs in {st.cwd} and its workers import task packages "
+                       f"from there, but {top!r} is in {here}: install it (pip install -e), or "
+                       "`gridrun engine stop` and start it again from here", err=True)
 
 
 def run(file: FileArg,
@@ -216,12 +236,14 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
     with _reader(root) as store:
         st = daemon.status(root, store=store)
         counts, paused = store.counts(), store.paused
+        cap = store.get_state("cpu_cap") if st.running else None  # scheduler.CPU_CAP
+    cap = cap if isinstance(cap, dict) and counts.get("queued") else None
     if as_json:
         typer.echo(json.dumps({"running": st.running, "starting": st.starting, "pid": st.pid,
                                "responding": st.responding, "heartbeat_age": st.heartbeat_age,
                                "waiting_for_space": st.waiting_for_space, "free_bytes": st.free_bytes,
                                "state": st.state, "paused": paused, "counts": counts,
-                               "log": str(st.log)}))
+                               "log": str(st.log), "cpu_cap": cap}))
         return
     state = "not running" if not st.running else (
         f"starting its backend (pid {st.pid})" if st.starting else f"running (pid {st.pid})")
@@ -234,6 +256,10 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
     typer.echo(f"engine: {state}"
                + (" · paused" if paused else "") + f" · root {root}")
     typer.echo("runs: " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"))
+    if cap is not None:  # queued runs wait with CPU slots free: their threads hold them back
+        from gridrun.engine.backends.slots import thread_cap_note
+
+        typer.echo(thread_cap_note(cap))
 
 
 def waiting_text(st) -> str:
@@ -271,11 +297,23 @@ def ls(root: RootOption = DEFAULT_ROOT,
     if not runs:
         typer.echo("no runs")
         return
-    typer.echo(f"{'ID':<10}  {'STATUS':<10}  {'EXPERIMENT':<16}  {'VARIANT':<24}  SEED  NOTE")
+    typer.echo(f"{'ID':<10}  {'STATUS':<10}  {'EXPERIMENT':<16}  {'VARIANT':<24}  SEED  "
+               f"{'BEST':<22}  NOTE")
     for r in runs:
         typer.echo(f"{r.id:<10}  {r.status:<10}  {r.experiment[:16]:<16}  "
-                   f"{(r.variant or '-')[:24]:<24}  {r.seed:>4}  "
+                   f"{(r.variant or '-')[:24]:<24}  {r.seed:>4}  {_best(r.summary)[:22]:<22}  "
                    + " · ".join(x for x in (r.where, paused if r.id in st.paused else r.note) if x))
+
+
+def _best(summary) -> str:
+    """`perplexity↓ 3.141`: an ended run's best value of its early-stop metric, or ""."""
+    from gridrun.runs import records
+
+    s = records.Summary.from_json(summary)
+    if s is None or s.best_value is None or not s.early_stop_metric:
+        return ""
+    arrow = "↓" if records.direction(s.early_stop_metric, s.metrics) == records.LOWER else "↑"
+    return f"{s.early_stop_metric}{arrow} {s.best_value:.4g}"
 
 
 def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough).",

@@ -9,11 +9,17 @@ from typing import Annotated
 
 import typer
 
-from gridrun.commands.common import fail, working
+from gridrun.commands.common import _root, fail, working
 
 FileArgument = Annotated[
     Path, typer.Argument(help="The experiment file (TOML).", exists=True, dir_okay=False,
                          metavar="FILE")
+]
+PlanRootOption = Annotated[
+    Path | None,
+    typer.Option("--root", envvar="GRIDRUN_ROOT", file_okay=False, callback=_root,
+                 help="A runs root: also say how many of the runs are new there and how many "
+                 "are done or queued (nothing is written)."),
 ]
 
 
@@ -83,6 +89,44 @@ def render_plan(runs) -> str:
     return "\n".join(lines)
 
 
+def in_root(root: Path, runs) -> dict:
+    """How the file's runs stand in `root`, as `gridrun queue` would see them: new,
+    done (completed: skipped), queued or running (skipped), ended without completing
+    (failed, diverged, oom, cancelled: queued again). A root without a store has only
+    new ones; nothing is created."""
+    from gridrun.runs import layout, states
+
+    counts = {"path": str(root), "new": 0, "done": 0, "queued": 0, "again": 0}
+    known: dict[str, str] = {}
+    if (root / layout.DB_NAME).is_file():
+        from gridrun.runs.store import Store, StoreDamaged
+
+        try:
+            with Store(root) as store:
+                for experiment in dict.fromkeys(r.experiment for r in runs):
+                    known.update((r.id, r.status) for r in store.list_runs(experiment=experiment))
+        except (StoreDamaged, layout.UnsafeRoot, OSError) as e:  # planning goes on: all "new"
+            typer.echo(f"note: {root}: {e}", err=True)
+    for run in runs:
+        status = known.get(run.id)
+        key = ("new" if status is None else "done" if status == states.COMPLETED
+               else "queued" if status in (states.QUEUED, states.RUNNING, states.INTERRUPTED)
+               else "again")
+        counts[key] += 1
+    return counts
+
+
+def in_root_text(counts: dict) -> str:
+    parts = [f"{counts['new']} new"]
+    parts += [f"{counts[k]} {what}" for k, what in (
+        ("done", "done"), ("queued", "queued or running"),
+        ("again", "ended without completing")) if counts[k]]
+    text = f"in {counts['path']}: " + ", ".join(parts)
+    if counts["again"]:
+        text += " (`gridrun queue` runs these again; --force the done ones too)"
+    return text
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def plan(
@@ -92,20 +136,26 @@ def register(app: typer.Typer) -> None:
         check: Annotated[bool, typer.Option(
             "--check", help="Also build each task once and run one training and one validation "
             "batch on the CPU; exit 2 on a problem.")] = False,
+        root: PlanRootOption = None,
     ) -> None:
         """Validate an experiment file and list the runs it expands to."""
         runs = load_or_exit(file, force=force)
         report = check_tasks(file, runs, quiet=as_json) if check else None
+        standing = in_root(root, runs) if root is not None else None
         if as_json:
             out = {"runs": [
                 {"id": r.id, "experiment": r.experiment, "variant": r.variant, "ablation": r.ablation,
                  "seed": r.seed, "task": r.task, "config": r.config} for r in runs]}
             if report is not None:
                 out["check"] = report.to_json()
+            if standing is not None:
+                out["root"] = standing
             typer.echo(json.dumps(out))
         else:
             typer.echo(render_plan(runs))
             if report is not None and report.ok:
                 typer.echo(checked_text(report))
+            if standing is not None:
+                typer.echo(in_root_text(standing))
         if report is not None:
             fail_on_problems(file, report)

@@ -89,6 +89,7 @@ class EngineStatus:
     log: Path
     starting: bool = False  # alive, but its backend (a Ray cluster, say) is not up yet
     heartbeat_age: float | None = None  # seconds since its last heartbeat; None: none yet
+    cwd: str | None = None  # the folder it runs in: its workers import task packages from there
     waiting_for_space: float | None = None  # since when it waits for disk space (unix time)
     free_bytes: int | None = None  # what the disk had free at its last look, while it waits
     paused: tuple[str, ...] = ()  # runs that stopped for want of space, not yet in the store
@@ -131,10 +132,11 @@ def status(root: str | os.PathLike, *, store: Any = None, heartbeat: bool = True
     free = info.get("free_bytes") if waiting is not None else None
     paused = info.get("paused") if waiting is not None else None
     paused = tuple(p for p in paused if isinstance(p, str)) if isinstance(paused, list) else ()
+    cwd = info.get("cwd") if alive and isinstance(info.get("cwd"), str) else None
     return EngineStatus(alive, pid if alive else None, info.get("started_at") if alive else None,
                         root, root / LOG, starting=starting, heartbeat_age=age,
                         waiting_for_space=waiting, free_bytes=free if isinstance(free, int) else None,
-                        paused=paused)
+                        paused=paused, cwd=cwd)
 
 
 def _heartbeat_age(root: Path, pid: int, store: Any) -> float | None:
@@ -295,7 +297,9 @@ def serve(root: Path, *, until_idle: bool = False, **engine_options: Any) -> int
     from gridrun.engine.backends.child import process_start_time
 
     pid = os.getpid()
-    pid_file = PidFile(root, pid=pid, start_time=process_start_time(pid), started_at=time.time())
+    # cwd: where its workers import task packages from (tasks.use_working_directory)
+    pid_file = PidFile(root, pid=pid, start_time=process_start_time(pid), started_at=time.time(),
+                       cwd=os.getcwd())
     write_pid = pid_file.write
 
     # Visible (to status and stop) from here on, "starting" until the backend is up:

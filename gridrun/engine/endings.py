@@ -50,6 +50,7 @@ class Active:
     started_at: float
     cancelling: bool = False
     folder: tuple[int, int] | None = None  # the run folder it was given (folder_id)
+    threads: int = 0  # the CPU threads it computes with, on a CPU slot of this machine
 
 
 class Endings:

@@ -8,6 +8,7 @@ slots, waits (up to a tick) for runs to end and records how they ended
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -18,17 +19,20 @@ from typing import Any
 
 from gridrun.engine.backends import child
 from gridrun.engine.backends.base import Backend, Exited, Slot
+from gridrun.engine.backends.slots import fits
 from gridrun.engine.diskspace import DiskSpace
 from gridrun.engine.endings import Active, Endings, folder_id
 from gridrun.runs import layout, space, states
 from gridrun.runs.store import FOREGROUND, Run, Store
 from gridrun.spec import write_run_config
+from gridrun.train import threads as run_threads
 
 log = logging.getLogger("gridrun.engine")
 
 
 HEARTBEAT = "engine_heartbeat"  # store state: {"pid", "t"}, written every HEARTBEAT_EVERY s
 HEARTBEAT_EVERY = 1.0
+CPU_CAP = "cpu_cap"  # store state: why CPU runs wait with slots free (threads), or None
 FOREGROUND_EVERY = 2.0  # how often the engine looks whether foreground runs' processes live
 
 
@@ -50,8 +54,14 @@ class Engine(Endings):
                  backoff: float = 10.0, cancel_grace: float = 30.0, stop_grace: float = 120.0,
                  telemetry_every: float = 1.0, processes_every: float = 5.0,
                  space_retry: float = 2.0, space_margin: int = space.RESUME_MARGIN,
-                 announce: Callable[[dict[str, Any]], None] | None = None):
+                 announce: Callable[[dict[str, Any]], None] | None = None,
+                 thread_budget: bool = True, cores: int | None = None):
         self.root = Path(root)
+        # CPU runs on this machine start only while their threads fit the usable cores
+        # (`thread_budget = False`: every free slot, as before; the benchmark's baseline)
+        self.thread_budget = thread_budget
+        self.cores = cores or run_threads.usable_cores()
+        self._cap: Any = ...  # what CPU_CAP says (... until first written: clears a stale one)
         self.store = store or Store(root)
         self.backend, self.slots, self.telemetry = backend, slots, telemetry
         self.tick, self.backoff = tick, backoff
@@ -92,6 +102,7 @@ class Engine(Endings):
             if until_idle and not self.stopping and self.idle():
                 log.info("nothing queued or running: stopping (--until-idle)")
                 self.request_stop()
+        self._say_cap(None)
         self.backend.close()
 
     def request_stop(self) -> None:
@@ -217,7 +228,8 @@ class Engine(Endings):
                     self._requeue(run, "interrupted: its process was gone when the engine restarted")
                 continue
             self.active[run.id] = Active(run.id, handle, slot, run.started_at or time.time(),
-                                         folder=folder_id(run.run_dir(self.root)))
+                                         folder=folder_id(run.run_dir(self.root)),
+                                         threads=self.cpu_threads(run, slot))
             self.store.transition(run.id, states.RUNNING, states.RUNNING, pid=handle.pid,
                                   pid_start_time=handle.start_time,
                                   slot=slot.name if slot else run.slot,
@@ -278,19 +290,52 @@ class Engine(Endings):
 
     # ---- launching --------------------------------------------------------------
 
+    def cpu_threads(self, run: Run, slot: Slot | None) -> int:
+        """The CPU threads `run` holds on `slot`: its resolved `threads` on a CPU slot
+        of this machine (the local backend), else 0 (a GPU slot, a cluster's node)."""
+        if not self.thread_budget or slot is None or slot.gpu is not None \
+                or getattr(self.backend, "name", "") != "local":
+            return 0
+        trainer = (run.config or {}).get("trainer") or {}
+        try:
+            return run_threads.resolve(trainer.get("threads", run_threads.AUTO), gpu=False,
+                                       cores=self.cores)
+        except (TypeError, ValueError):
+            return self.cores
+
+    def _say_cap(self, cap: dict[str, Any] | None) -> None:
+        """Keep CPU_CAP current for `engine status` (written only when it changes)."""
+        if cap == self._cap:
+            return
+        if cap is not None and not isinstance(self._cap, dict):
+            log.info("threads cap CPU runs: %s needs %d threads, %d of %d usable cores are taken",
+                     cap["run_id"], cap["threads"], cap["holding"], cap["cores"])
+        self._cap = cap
+        with contextlib.suppress(Exception):  # a busy store is no reason to stop
+            self.store.set_state(CPU_CAP, cap)
+
     def launch_ready(self) -> None:
         if self.store.paused:
             return
         free = self._free_slots()
         if not free:
+            self._say_cap(None)
             return
         if self.space.short_of_space() and self.store.next_queued(1):
             self.space.enter("too little space left to start a run")
             return
+        cap = None
         for run in self.store.next_queued(len(free)):
             if self.space.waiting:
                 return
             slot = free[0]
+            need = self.cpu_threads(run, slot)
+            holding = [a.threads for a in self.active.values()]
+            if need and not fits(holding, need, self.cores):
+                # in queue order: a run that does not fit is not overtaken by later ones
+                cap = {"run_id": run.id, "threads": need, "holding": sum(holding),
+                       "cores": self.cores, "cpu_slots": len(self.slots)}
+                break
             try:
                 # never through a symlink, never into someone else's folder (layout.py)
                 run_dir = layout.make_run_dir(self.root, run.experiment, run.id)
@@ -307,9 +352,10 @@ class Engine(Endings):
                                          pid=handle.pid, pid_start_time=handle.start_time,
                                          started_at=time.time(), note="adopted a running process"):
                     self.active[run.id] = Active(run.id, handle, slot, time.time(),
-                                                 folder=folder_id(run_dir))
+                                                 folder=folder_id(run_dir), threads=need)
                 continue
-            self._launch(run, run_dir, slot)
+            self._launch(run, run_dir, slot, need)
+        self._say_cap(cap)
 
     def _not_started(self, run: Run, expected: str, e: Exception) -> None:
         """One run that could not be prepared or launched fails with the reason; the
@@ -336,7 +382,7 @@ class Engine(Endings):
         used = {a.slot.name for a in self.active.values() if a.slot}
         return [s for s in self.slots if s.name not in used]
 
-    def _launch(self, run: Run, run_dir: Path, slot: Slot) -> None:
+    def _launch(self, run: Run, run_dir: Path, slot: Slot, threads: int = 0) -> None:
         now = time.time()
         if not self.store.transition(run.id, states.QUEUED, states.RUNNING, slot=slot.name,
                                      started_at=now, ended_at=None, pid=None, pid_start_time=None,
@@ -355,7 +401,7 @@ class Engine(Endings):
             log.debug("could not launch %s", run.id, exc_info=True)
             self._not_started(run, states.RUNNING, e)
             return
-        self.active[run.id] = Active(run.id, handle, slot, now, folder=folder)
+        self.active[run.id] = Active(run.id, handle, slot, now, folder=folder, threads=threads)
         self.store.transition(run.id, states.RUNNING, states.RUNNING, pid=handle.pid,
                               pid_start_time=handle.start_time, fresh=False)
         log.info("launched %s on %s (pid %d)", run.id, slot.name, handle.pid)

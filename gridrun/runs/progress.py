@@ -51,6 +51,7 @@ class Progress:
     best: float | None = None  # the early-stop metric's best value
     best_step: int | None = None
     best_values: Mapping[str, float | None] = field(default_factory=dict)  # that evaluation
+    own_best: Mapping[str, float | None] = field(default_factory=dict)  # each metric's own best
     samples_per_s: float | None = None  # over the last log interval
     tokens_per_s: float | None = None
     speed_sum: float = 0.0  # samples/s summed over the train lines that had it
@@ -169,6 +170,8 @@ def fold(records: Iterable[Mapping[str, Any]], *, previous: Progress | None = No
         elif split == rec.VAL:
             values = rec.metric_items(line)
             new["last"] = values
+            new["own_best"] = rec.own_best(get("own_best", p.own_best), values,
+                                           get("metrics", p.metrics))
             metric = get("early_stop_metric", p.early_stop_metric) or next(iter(values), None)
             value = values.get(metric) if metric else None
             if value is None or not _finite(values):

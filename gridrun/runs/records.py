@@ -31,8 +31,13 @@ LOWER_HINTS = ("loss", "error", "perplexity")  # the guess for a log that declar
 
 # ---- the fields of a line
 T, STEP, EPOCH, SPLIT = "t", "step", "epoch", "split"
+# EPOCH is the epochs completed when the line was written (after its step), on every
+# line, log line and summary; logs without a start line's FORMAT (>= 2) wrote a train
+# line at an epoch's last step with the epoch in progress (one less)
 PLACE = frozenset({T, STEP, EPOCH, SPLIT})  # where a line is: on every line
 TOTAL_STEPS, METRICS, EARLY_STOP_METRIC = "total_steps", "metrics", "early_stop_metric"  # start
+FORMAT = "format"  # start: the version of these definitions the log was written with
+CURRENT_FORMAT = 2
 LOSS = "loss"  # a train line's one metric
 LR, SAMPLES_PER_S, STEP_TIME, TOKENS_PER_S = "lr", "samples_per_s", "step_time", "tokens_per_s"
 # diagnostics of a train line, all read in the log point's one host sync (or host-side):
@@ -46,7 +51,7 @@ LOOP = frozenset({LR, SAMPLES_PER_S, STEP_TIME, TOKENS_PER_S, GRAD_NORM, CLIPPED
                   MEM_ALLOCATED, MEM_RESERVED, MEM_PEAK, RSS})  # the loop's values on a train line
 TIMING = frozenset({T, SAMPLES_PER_S, STEP_TIME, TOKENS_PER_S, DATA_WAIT, MEM_ALLOCATED,
                     MEM_RESERVED, MEM_PEAK, RSS})  # differ between identical replays
-NOT_METRICS = PLACE | LOOP | {TOTAL_STEPS, METRICS, EARLY_STOP_METRIC}
+NOT_METRICS = PLACE | LOOP | {TOTAL_STEPS, METRICS, EARLY_STOP_METRIC, FORMAT}
 
 
 class StartLine(TypedDict, total=False):
@@ -55,8 +60,9 @@ class StartLine(TypedDict, total=False):
     epoch: int
     split: str  # START
     total_steps: int
-    metrics: dict[str, str]  # {name: LOWER | HIGHER}, as the task declares them
+    metrics: dict[str, str]  # {name: LOWER | HIGHER}, as the task declares them (derived too)
     early_stop_metric: str  # the metric "best" is about
+    format: int  # CURRENT_FORMAT
 
 
 class TrainLine(TypedDict, total=False):
@@ -88,7 +94,13 @@ class ValLine(TypedDict, total=False):  # plus one field per validation metric
 def start_line(t: float, total_steps: int, metrics: Mapping[str, str],
                early_stop_metric: str) -> StartLine:
     return {T: t, STEP: 0, EPOCH: 0, SPLIT: START, TOTAL_STEPS: total_steps,
-            METRICS: dict(metrics), EARLY_STOP_METRIC: early_stop_metric}
+            METRICS: dict(metrics), EARLY_STOP_METRIC: early_stop_metric, FORMAT: CURRENT_FORMAT}
+
+
+def log_format(first: Mapping[str, Any] | None) -> int:
+    """The FORMAT a log was written with, from its first line (1: before the field)."""
+    value = (first or {}).get(FORMAT) if (first or {}).get(SPLIT) == START else None
+    return value if type(value) is int else 1
 
 
 def train_line(t: float, step: int, epoch: int, loss: float, lr: float,
@@ -124,6 +136,21 @@ def direction(metric: str, declared: Mapping[str, str] | None = None) -> str:
 def better(value: float, best: float | None, way: str) -> bool:
     """Whether `value` improves on `best` going `way` (ties do not)."""
     return best is None or (value < best if way == LOWER else value > best)
+
+
+def own_best(previous: Mapping[str, Any], values: Mapping[str, Any],
+             declared: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Each metric's own best value so far: `previous` with the evaluation `values`
+    folded in, each metric strictly better in its own direction. As for "best", an
+    evaluation with a non-finite value (or a null) never counts. The trainer keeps it
+    (summary.json's `own_best`) and the fold (progress.py) for live runs."""
+    if not all(_number(v) and math.isfinite(v) for v in values.values()):
+        return dict(previous)
+    out = dict(previous)
+    for name, value in values.items():
+        if better(value, out.get(name), direction(name, declared)):
+            out[name] = value
+    return out
 
 
 # --------------------------------------------------------------------------- lines
@@ -248,6 +275,7 @@ class Summary:
     early_stop_metric: str | None = None
     final: dict[str, float | None] = field(default_factory=dict)  # the last evaluation
     best: dict[str, float | None] = field(default_factory=dict)  # the evaluation best in early_stop_metric
+    own_best: dict[str, float | None] = field(default_factory=dict)  # each metric's own best value
     best_step: int | None = None
     train_loss: float | None = None
     samples_per_s: float | None = None

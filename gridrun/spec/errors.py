@@ -71,6 +71,32 @@ def nearest(name: str, candidates: Iterable[str]) -> str | None:
     return found[0] if found else None
 
 
+def suggest_metric(name: str, metrics: Iterable[str]) -> str | None:
+    """The metric a key's value most likely meant: the same name in another case, the
+    one metric it abbreviates (`acc`: accuracy, `ppl`: perplexity), else the nearest
+    spelling."""
+    metrics = [m for m in metrics if isinstance(m, str)]
+    folded = name.strip().lower()
+    same = [m for m in metrics if m.lower() == folded]
+    if same:
+        return same[0]
+    starts = [m for m in metrics if folded and m.lower().startswith(folded)]
+    if len(starts) == 1:
+        return starts[0]
+    letters = [m for m in metrics if len(folded) >= 2 and _abbreviates(folded, m.lower())]
+    if len(letters) == 1:
+        return letters[0]
+    return nearest(name, metrics)
+
+
+def _abbreviates(short: str, long: str) -> bool:
+    """Whether `short` is `long` with letters left out, starting with its first (ppl)."""
+    if not long.startswith(short[0]):
+        return False
+    rest = iter(long)
+    return all(ch in rest for ch in short)
+
+
 _HEADER = re.compile(r"^\s*\[(?!\[)\s*([^\]]+?)\s*\]")
 _PART = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')"""
 _KEY = re.compile(rf"""^\s*({_PART}(?:\s*\.\s*{_PART})*)\s*=""")

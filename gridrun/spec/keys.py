@@ -16,6 +16,7 @@ from typing import Any
 from gridrun.spec import sources
 from gridrun.spec.errors import nearest, printable, toml_type
 
+GPU_THREADS = 4  # threads = "auto" on a GPU run: min(this, usable cores) (train/threads.py)
 RESERVED = ("task", "grid", "zip", "ablations", "seeds")  # the matrix's own keys, not run keys
 
 # Upper bounds a real run could use: far above any real run, far below what overflows
@@ -32,7 +33,7 @@ class Key:
     """One trainer key: its TOML type, default, allowed values and meaning."""
 
     name: str
-    type: str  # "integer" | "float" | "string" | "boolean" | "array of 2 floats" | "float or integer" | "boolean or \"auto\""
+    type: str  # "integer" | "float" | "string" | "boolean" | "array of 2 floats" | "float or integer" | "boolean or \"auto\"" | "integer or \"auto\""
     default: Any
     doc: str
     choices: tuple[Any, ...] = ()
@@ -46,13 +47,16 @@ class Key:
 def in_run_id(trainer: Any) -> dict[str, Any]:
     """The trainer keys a run id hashes: those that change results. compile_mode
     changes them only with compile on, and at "default" is what compiled runs
-    used before the key existed, so their ids stay."""
+    used before the key existed, so their ids stay; drop_last likewise only when
+    false (true is what every run did before the key existed)."""
     out = {k: v for k, v in trainer.items() if k not in TRAINER_KEYS or TRAINER_KEYS[k].affects_results}
     if not trainer.get("compile") or out.get("compile_mode") == "default":
         out.pop("compile_mode", None)
     for k in sources.KEYS:  # the randomness keys: at their defaults, ids are those of before them
         if k in out and out[k] == TRAINER_KEYS[k].default:
             del out[k]
+    if out.get("drop_last", True) is True:
+        out.pop("drop_last", None)
     return out
 
 
@@ -92,8 +96,13 @@ TRAINER_KEYS: dict[str, Key] = {k.name: k for k in [
     Key("early_stop_metric", "string", "", "validation metric for early stopping and best.pt "
         "(empty: the task's first metric)"),
     Key("deterministic", "boolean", True, "deterministic algorithms (bitwise-reproducible on CUDA)"),
+    Key("threads", 'integer or "auto"', "auto", "CPU threads the run computes with (auto: the "
+        f"cores this process may use; a GPU run min({GPU_THREADS}, those)); recorded, and "
+        "verify replays with it", min=1, affects_results=False),
     Key("detect_anomaly", "boolean", False, "autograd anomaly detection (slow; for debugging)",
         affects_results=False),
+    Key("drop_last", "boolean", True, "the training loader leaves out the last partial batch "
+        "of each epoch (validation never does; false is part of the run id)"),
     Key("compile", "boolean", False, "wrap the model in torch.compile"),
     Key("compile_mode", "string", "default", "torch.compile's mode (part of the run id only with "
         "compile = true, and then only when not default)",
@@ -307,6 +316,10 @@ def check_trainer_value(key: Key, value: Any) -> tuple[Any, str | None]:
         return (value, None) if isinstance(value, bool) else (None, f"expected a boolean (true or false), {got}")
     if key.type == "string":
         return (value, None) if isinstance(value, str) else (None, f"expected a string, {got}")
+    if key.type == 'integer or "auto"':
+        if value == "auto" or (_is_int(value) and _in_range(key, value)):
+            return value, None
+        return None, f'expected "auto" or an integer {_range_text(key)}, {got}'
     if key.type == 'boolean or "auto"':
         if isinstance(value, bool) or value == "auto":
             return value, None

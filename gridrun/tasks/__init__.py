@@ -11,6 +11,9 @@ built-in tasks' own modules. Users write `from gridrun import Task`.
 from __future__ import annotations
 
 import importlib
+import math
+import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -55,6 +58,14 @@ class Task:
     metrics     `{name: "lower" | "higher"}`: every name `evaluate` returns and
                 which way is better. The first is the default
                 `early_stop_metric`.
+    derived     optional `{name: ("lower" | "higher", fn)}`: metrics computed
+                from the aggregated ones, once per evaluation, after the
+                division: `fn(values)` gets `{name: value}` of every metric (and
+                of the derived ones declared before it) and returns a number,
+                e.g. `{"perplexity": ("lower", lambda m: math.exp(m["loss"]))}`
+                or an F1 from precision and recall. They are recorded, tracked
+                (`early_stop_metric`), shown and compared like the others. An
+                ArithmeticError (an overflow, a division by zero) records NaN.
     collate_fn  optional, passed to the DataLoader.
     count_samples  optional `f(batch) -> int` on the CPU batch; defaults to
                 the length of the batch's first tensor.
@@ -102,14 +113,110 @@ class Task:
     input_info: Mapping[str, InputInfo] | None = None
     class_names: Sequence[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    derived: dict[str, tuple[Direction, Callable[[Mapping[str, float]], Any]]] = field(
+        default_factory=dict)
+
+    def all_metrics(self) -> dict[str, Direction]:
+        """Every metric a run records and which way is better: `metrics`, then `derived`."""
+        return {**self.metrics, **{name: way for name, (way, _) in self.derived.items()}}
+
+    def derived_problem(self) -> str | None:
+        """What is wrong with the shape of `derived`, or None."""
+        if not isinstance(self.derived, Mapping):
+            return f"derived is {type(self.derived).__name__}: {DERIVED_SHAPE}"
+        for name, value in self.derived.items():
+            if not (isinstance(value, tuple | list) and len(value) == 2
+                    and value[0] in ("lower", "higher") and callable(value[1])):
+                return f"derived[{name!r}] is {value!r}: {DERIVED_SHAPE}"
+            if isinstance(self.metrics, Mapping) and name in self.metrics:
+                return (f"derived metric {name!r} is also in metrics: name it otherwise "
+                        "(evaluate's metrics are aggregated, derived ones computed from them)")
+        return None
+
+    def derive(self, values: Mapping[str, float]) -> dict[str, float]:
+        """`values` (the aggregated metrics) with the derived metrics added, in order.
+        Raises DerivedMetricError naming the metric when one fails."""
+        out = dict(values)
+        for name, (_, fn) in self.derived.items():
+            try:
+                value = fn(dict(out))
+            except ArithmeticError:
+                value = math.nan  # exp of a huge loss, 0/0: not finite, as a NaN loss is
+            except Exception as exc:
+                raise DerivedMetricError(name, exc, list(out)) from exc
+            try:
+                out[name] = float(value)
+            except (TypeError, ValueError) as exc:
+                raise DerivedMetricError(name, exc, list(out), returned=(value,)) from exc
+        return out
+
+
+DERIVED_SHAPE = 'expected {name: ("lower" | "higher", function of the aggregated metrics)}'
+
+
+class DerivedMetricError(ValueError):
+    """A derived metric that failed: str() says which, why, and what it was given."""
+
+    def __init__(self, name: str, exc: BaseException, given: list[str],
+                 returned: tuple[Any, ...] = ()):
+        self.name, self.exc, self.given = name, exc, given
+        if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str):
+            import difflib
+
+            guess = difflib.get_close_matches(exc.args[0], given, n=1, cutoff=0.5)
+            hint = f" (did you mean {guess[0]!r}?)" if guess else ""
+            why = f"it reads {exc.args[0]!r}, which is not a metric{hint}"
+        elif returned:
+            why = f"it returned {returned[0]!r}, not a number"
+        else:
+            lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+            why = f"{type(exc).__name__}: {lines[0].strip()}" if lines else type(exc).__name__
+        super().__init__(f"derived metric {name!r} failed: {why} "
+                         f"(it gets {', '.join(map(repr, given))})")
 
 
 class TaskNotFound(LookupError):
     """A task name that is neither built in nor an importable `module:factory`."""
 
 
+# Where a task module that moved in this release used to be, and what to write instead.
+MOVED = {"gridrun.engine.tasks": "from gridrun import Task"}
+
+
+def use_working_directory() -> str:
+    """The one import rule for task modules: the current directory comes first on
+    sys.path, as `python -m` puts it for the engine's workers (its fork server and
+    fresh interpreters start that way). The `gridrun` console script starts with
+    its own bin folder there instead; every command, `verify`, `export-model` and
+    `load_run` import tasks through `resolve`, which applies this rule first.
+    Returns the directory."""
+    here = os.getcwd()
+    if not ({"", ".", here} & set(sys.path)):
+        sys.path.insert(0, here)
+    return here
+
+
+def _import_problem(module_name: str, name: str, exc: BaseException) -> str:
+    """One line: what failed, where Python looked, and what to do."""
+    text = f"cannot import module {module_name!r} for task {name!r}"
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if missing in MOVED:
+        return f"{text}: it imports {missing!r}, which moved in this release: write `{MOVED[missing]}`"
+    parts = module_name.split(".")
+    if missing and missing in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
+        top = parts[0]
+        return (f"{text}: {exc}; looked in the current directory ({os.getcwd()}) and the "
+                f"installed packages of {sys.executable}: install the package (pip install -e "
+                f"PATH_TO_IT) or run gridrun from the folder that holds {top}/")
+    if missing:
+        return f"{text}: it imports {missing!r}, which is not installed ({exc})"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{text}: {type(exc).__name__}: {first}" if first else f"{text}: {type(exc).__name__}"
+
+
 def resolve(name: str) -> Callable[..., Task]:
-    """The factory for a built-in name or a `package.module:factory` string."""
+    """The factory for a built-in name or a `package.module:factory` string, imported
+    under the one import rule (`use_working_directory`)."""
     target = BUILTIN.get(name, name)
     if ":" not in target:
         raise TaskNotFound(
@@ -117,10 +224,12 @@ def resolve(name: str) -> Callable[..., Task]:
             "a task of your own is written 'package.module:factory'"
         )
     module_name, _, attr = target.partition(":")
+    if name not in BUILTIN:
+        use_working_directory()
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import failure is the user's to see, not a crash
-        raise TaskNotFound(f"cannot import module {module_name!r} for task {name!r}: {exc}") from exc
+        raise TaskNotFound(_import_problem(module_name, name, exc)) from exc
     try:
         factory = getattr(module, attr)
     except AttributeError:

@@ -13,6 +13,7 @@
     levers       activation checkpointing, torch.compile
     switches     the randomness switches the trainer applies: dropout modules off
     optim        optimizer and learning-rate schedule
+    threads      the CPU threads a run computes with: resolved, set, restored
     environment  the software and hardware a run ran on
     diverge      where a NaN was born: a deterministic replay to the first bad op
     worker       the entry point a backend runs in a child process

@@ -19,8 +19,9 @@ from torch.utils.data import DataLoader
 
 from gridrun import randomness
 from gridrun.spec import RunSpec, sources
+from gridrun.spec.errors import suggest_metric
 from gridrun.tasks import Task, resolve
-from gridrun.train import environment, levers, switches
+from gridrun.train import environment, levers, switches, threads
 from gridrun.train.data import count_samples, train_loader, val_loader
 from gridrun.train.diagnostics import Diagnostics, model_facts
 from gridrun.train.optim import build_optimizer
@@ -58,6 +59,7 @@ class Setup:
     count_samples: Callable[[Any], int]
     steps_per_epoch: int
     total: int  # optimizer steps in the whole run
+    metrics: Mapping[str, str]  # every metric a val line records: evaluate's, then derived
     metric: str  # the early-stop metric
     direction: str  # records.LOWER or records.HIGHER: which way `metric` improves
 
@@ -75,6 +77,8 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
           warn: Callable[[str], None]) -> Setup:
     """Seed, then build `run` on `device`; `probe` sees the model before anything wraps it."""
     cfg = run.trainer
+    # before anything computes: the run's own thread count decides its CPU bits
+    threads.apply(threads.resolve(cfg.get("threads", threads.AUTO), gpu=device.type == "cuda"))
     summary["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     if device.type == "cpu" and environment.gpus_given() is not None:  # only as stand-ins
         warn(f"CUDA_VISIBLE_DEVICES={environment.gpus_given()} are stand-ins "
@@ -104,7 +108,9 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
     step_model = levers.compiled(model, cfg)
     diagnostics = Diagnostics(model, device, cfg["clip_grad"])
     accumulate, batch_size = cfg["accumulate"], cfg["batch_size"]
-    steps_per_epoch = len(task.train_data) // batch_size // accumulate
+    batches = len(task.train_data) // batch_size if cfg.get("drop_last", True) else (
+        -(-len(task.train_data) // batch_size))  # the last, partial batch too
+    steps_per_epoch = batches // accumulate
     if steps_per_epoch < 1:
         raise ValueError(f"the training set has {len(task.train_data)} samples: fewer than one "
                          f"step of batch_size x accumulate = {batch_size * accumulate}")
@@ -112,11 +118,16 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
     if cfg["max_steps"]:
         total = min(total, cfg["max_steps"])
     summary["total_steps"] = total
+    if (problem := task.derived_problem()) is not None:
+        raise ValueError(f"task {run.task!r}: {problem}")
+    metrics = task.all_metrics()  # evaluate's, then the derived ones
     metric = cfg["early_stop_metric"] or next(iter(task.metrics))
-    if metric not in task.metrics:
+    if metric not in metrics:
+        guess = suggest_metric(metric, metrics)
         raise ValueError(f"early_stop_metric {metric!r} is not a metric of task {run.task!r}: "
-                         f"it reports {', '.join(task.metrics)}")
-    summary["metrics"], summary["early_stop_metric"] = dict(task.metrics), metric
+                         f"it reports {', '.join(metrics)}"
+                         + (f" (did you mean {guess!r}?)" if guess else ""))
+    summary["metrics"], summary["early_stop_metric"] = metrics, metric
     val_data = val_loader(task.val_data, cfg, seed=seeds["augment"], collate_fn=task.collate_fn,
                           cuda=device.type == "cuda")
     if separate:  # what the model draws from here on is the model source's alone
@@ -125,8 +136,8 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
                  step_model=step_model, optimizer=optimizer, scaler=scaler, autocast=autocast,
                  precision=precision, diagnostics=diagnostics, val_data=val_data,
                  count_samples=task.count_samples or count_samples,
-                 steps_per_epoch=steps_per_epoch, total=total, metric=metric,
-                 direction=task.metrics[metric])
+                 steps_per_epoch=steps_per_epoch, total=total, metrics=metrics, metric=metric,
+                 direction=metrics[metric])
 
 
 def randomness_of(run: RunSpec, summary: dict[str, Any]) -> tuple[dict[str, int], bool, list[str]]:

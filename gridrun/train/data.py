@@ -140,11 +140,12 @@ def _loader(dataset: Any, keys: BatchKeys, cfg: Mapping[str, Any], collate_fn: A
 def train_loader(dataset: Any, cfg: Mapping[str, Any], *, seed: int, collate_fn: Any,
                  cuda: bool, augment_seed: int | None = None) -> DataLoader:
     """A loader for the whole run; call `start_epoch` before iterating each epoch.
-    Only whole batches are drawn, so every step sees as many samples. `seed` orders
+    With `drop_last` (the default) only whole batches are drawn, so every step sees
+    as many samples; without it an epoch's last batch may be partial. `seed` orders
     the data (the order source), `augment_seed` (default: `seed`) seeds the streams;
     `shuffle = false` keeps the index order."""
     keys = BatchKeys(len(dataset), cfg["batch_size"], seed, shuffle=cfg.get("shuffle", True),
-                     augment_seed=augment_seed)
+                     drop_last=cfg.get("drop_last", True), augment_seed=augment_seed)
     return _loader(dataset, keys, cfg, collate_fn, cuda, cfg["num_workers"])
 
 

@@ -32,7 +32,8 @@ RESUME_KEYS = ("model", "optimizer", "scaler", "step", "epoch", "position", "bes
 
 
 def no_best() -> dict[str, Any]:
-    return {"value": None, "step": None, "metrics": {}, "bad_evals": 0}
+    # own: each metric's own best value (records.own_best); checkpoints before it lack it
+    return {"value": None, "step": None, "metrics": {}, "bad_evals": 0, "own": {}}
 
 
 @dataclass
@@ -81,7 +82,7 @@ def resume(setup: Setup, run_dir: Path, writer: MetricsWriter, *, fresh: bool,
         writer.truncate(0)
         # readers (the interface's progress bar) learn the length before the first log point
         # and the metrics' directions and the early-stop metric, so none of them guesses
-        writer.write(records.start_line(time.time(), setup.total, setup.task.metrics, setup.metric))
+        writer.write(records.start_line(time.time(), setup.total, setup.metrics, setup.metric))
         return TrainState()
     setup.model.load_state_dict(saved["model"])
     setup.optimizer.load_state_dict(saved["optimizer"])

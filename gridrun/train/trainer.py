@@ -104,10 +104,11 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
                 warn(unused_warning(unused))
             log_now = meter.due(state)
             lr = step_once(setup, state, measure_norm=log_now)
+            # before any line is written: a line's epoch is the epochs completed
+            epoch_ended = state.end_epoch_if_done(setup)
             if log_now and (bad_step := meter.log_point(state, lr)) is not None:
                 status = diverged(summary, bad_step, "non-finite loss", log)
                 break
-            epoch_ended = state.end_epoch_if_done(setup)
             if validator.due(state, epoch_ended):
                 validator.evaluate(state)
                 meter.restart_interval()
@@ -130,6 +131,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         summary.update(status=status, step=state.step, epoch=state.epoch)
         summary["weights_sha256"] = checkpoint.weights_sha256(setup.model.state_dict())
         summary["best"], summary["best_step"] = state.best["metrics"], state.best["step"]
+        summary["own_best"] = state.best.get("own") or {}
         meter.summarize()
         validator.report_early_stop(state)
     except Exception as exc:

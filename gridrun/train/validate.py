@@ -26,7 +26,8 @@ from gridrun.train.state import Checkpointer, TrainState
 @torch.inference_mode()
 def evaluate(model: torch.nn.Module, task: Task, loader: Any, device: torch.device,
              autocast: Any) -> dict[str, float]:
-    """The task's validation metrics over the whole validation set, in eval mode."""
+    """The task's validation metrics over the whole validation set, in eval mode,
+    then its derived metrics (computed from those, on the host)."""
     was_training = model.training
     model.eval()
     sums: dict[str, Any] = {}
@@ -40,7 +41,7 @@ def evaluate(model: torch.nn.Module, task: Task, loader: Any, device: torch.devi
     model.train(was_training)
     names = list(sums)
     values = torch.stack([sums[k] / counts[k] for k in names]).tolist()  # one sync
-    return dict(zip(names, values, strict=True))
+    return task.derive(dict(zip(names, values, strict=True)))
 
 
 class Validator:
@@ -72,6 +73,7 @@ class Validator:
         if not all(math.isfinite(v) for v in values.values()):
             self.nonfinite_step = state.step
             return
+        best["own"] = records.own_best(best.get("own") or {}, values, setup.metrics)
         if records.better(values[setup.metric], best["value"], setup.direction):
             best.update(value=values[setup.metric], step=state.step, metrics=values, bad_evals=0)
             self.checkpointer.save(checkpoint.BEST, state)

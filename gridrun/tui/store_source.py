@@ -56,9 +56,11 @@ def _row(run: Run) -> RunRow:
 
 def named(header: tuple[str, ...], value: str | None) -> tuple[str, ...]:
     """The compare screen's headers say what the numbers are: `best val loss ↓`
-    (or `final loss ↓`), and `Welch p` for the test behind p."""
+    (or `final loss ↓`), `val accuracy ↑ at best loss` (the metric at the tracked
+    metric's best evaluation), and `Welch p` for the test behind p."""
     kind = "final" if value == "final" else "best val"
     return tuple("Welch p" if h == "p" else f"{kind} {h}" if h.endswith(("↓", "↑"))
+                 and not h.startswith("Δ") else f"val {h}" if " at best " in h
                  and not h.startswith("Δ") else h for h in header)
 
 

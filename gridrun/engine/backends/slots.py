@@ -1,11 +1,13 @@
 """How many runs fit where: slots from the `[engine]` table and the GPUs this
-process may use: the ones it inherited (a SLURM allocation's), else every one NVML sees."""
+process may use: the ones it inherited (a SLURM allocation's), else every one NVML sees;
+and how many CPU runs the cores hold (`fits`): `cpu_slots` is an upper bound, the
+runs' threads decide (at most usable cores / threads at once)."""
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gridrun.engine.backends.base import Slot
@@ -64,3 +66,23 @@ def slots_for(config: Any, gpus_available: int | None = None,
         return [Slot(f"gpu{g}" if per == 1 else f"gpu{g}.{k}", g, device)
                 for g, device in gpus for k in range(per)]
     return [Slot(f"cpu{i}") for i in range(max(1, int(config.cpu_slots)))]
+
+
+def fits(holding: Iterable[int], need: int, cores: int) -> bool:
+    """Whether a CPU run computing with `need` threads may start beside runs holding
+    `holding` threads on `cores` usable cores: never more threads than cores, so never
+    oversubscribed; a run asking for more than the machine has runs alone."""
+    used = sum(holding)
+    return used == 0 or used + need <= cores
+
+
+def thread_cap_note(cap: Mapping[str, Any]) -> str:
+    """`engine status`'s line for a queue the runs' threads hold back (the scheduler's
+    CPU_CAP state: cores, cpu_slots, threads the next run needs, threads in use)."""
+    cores, slots, need = cap.get("cores"), cap.get("cpu_slots"), cap.get("threads")
+    at_once = max(1, cores // need) if isinstance(cores, int) and isinstance(need, int) and need else 1
+    text = (f"cpu: the next run takes {need} thread{'s' * (need != 1)} and {cap.get('holding')} of "
+            f"{cores} usable cores are taken: threads cap CPU runs at {at_once} at once")
+    if isinstance(slots, int) and at_once < slots:
+        text += f" (cpu_slots = {slots} is an upper bound; threads = 1 in the file runs {slots} at once)"
+    return text

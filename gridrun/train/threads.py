@@ -1,0 +1,77 @@
+"""How many CPU threads a run computes with: resolved from the machine alone, set
+before anything computes, recorded with the run.
+
+On the CPU the thread count decides how a matmul or a convolution splits its
+sums, so it decides the bits of the result: the same cell with 1 thread and
+with 2 ends with other weights. A run's `threads` key is therefore resolved
+once, from this process's own affinity mask (the cores it may use) and never
+from the number of slots, the queue or an ambient OMP_NUM_THREADS, so a cell
+gives the same bits alone, in a 1-slot or an 8-slot engine, or under `gridrun
+train`. GPU runs get a fixed small count (their heavy work is on the device;
+the CPU side is the loop, collation and copies), so that several runs on one
+machine do not fight over its cores. The engine uses the same resolution to
+never start more CPU runs than the cores hold (engine/scheduler.py).
+
+No torch at import: the engine and the commands resolve without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+from gridrun.spec.keys import GPU_THREADS  # "auto" for a GPU run: min(this, usable cores)
+
+AUTO = "auto"
+ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what child processes (DataLoader workers) read
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask: a container's or a
+    SLURM allocation's share), not the machine's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve(value: Any, *, gpu: bool, cores: int | None = None) -> int:
+    """The threads a run with `threads = value` computes with: the number itself,
+    or for "auto" the usable cores (a CPU run) or min(GPU_THREADS, usable cores)
+    (a GPU run). `cores` stands in for this machine's usable cores."""
+    if value is None or value == AUTO:
+        cores = cores or usable_cores()
+        return min(GPU_THREADS, cores) if gpu else cores
+    return max(1, int(value))
+
+
+def apply(n: int) -> dict[str, Any]:
+    """Compute with `n` threads from now on in this process (torch's intra-op
+    threads, and its inter-op threads while that is still allowed), and give child
+    processes the matching OMP_NUM_THREADS and MKL_NUM_THREADS. Returns what was
+    set before, for `restore`."""
+    import torch
+
+    before = {"threads": torch.get_num_threads(), "env": {k: os.environ.get(k) for k in ENV}}
+    for key in ENV:
+        os.environ[key] = str(n)
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    # allowed once per process, before any inter-op work (a forked run's first act);
+    # inter-op threads run independent ops side by side: they never change results
+    with contextlib.suppress(RuntimeError):
+        torch.set_num_interop_threads(n)
+    return before
+
+
+def restore(before: dict[str, Any]) -> None:
+    """Undo `apply` (a replay inside another command: `gridrun verify`)."""
+    import torch
+
+    torch.set_num_threads(before["threads"])
+    for key, value in before["env"].items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
