@@ -167,7 +167,8 @@ def test_a_run_whose_task_no_longer_imports_is_one_line(tmp_path, user_task):
     config.write_text(config.read_text().replace("usertask_repro:factory", "gone_repro:factory"))
     result = CliRunner().invoke(app, ["repro", str(folder), "-o", str(tmp_path / "x.py")])
     assert result.exit_code == 2
-    assert result.stderr.strip().splitlines() == [
-        f"cannot write a repro of run {run.id}: cannot import module 'gone_repro' for task "
-        "'gone_repro:factory': No module named 'gone_repro'"]
+    (line,) = result.stderr.strip().splitlines()  # one line: the import rule's own message
+    assert line.startswith(f"cannot write a repro of run {run.id}: cannot import module "
+                           "'gone_repro' for task 'gone_repro:factory': No module named "
+                           "'gone_repro'; looked in the current directory")
     assert not (tmp_path / "x.py").exists()
