@@ -311,6 +311,7 @@ def follow(root: Path, ids: list[str], *, live: bool, interval: float = 0.5) -> 
         def say(text: str) -> None:  # above the bars; plain text, never markup
             out.print(text, markup=False, highlight=False, soft_wrap=True)
 
+        announced: set[str] = set()  # runs whose start was said (piped output)
         with bars or contextlib.nullcontext():
             while True:
                 runs, now = store.list_runs(ids=ids), time.time()
@@ -324,9 +325,15 @@ def follow(root: Path, ids: list[str], *, live: bool, interval: float = 0.5) -> 
                             bars.show(line)
                         elif before != r.status:
                             say(started_line(r))
+                            announced.add(r.id)
                     elif r.status in states.FINISHED and before not in (None, r.status):
                         if bars is not None:
                             bars.drop(r.id)
+                        elif r.id not in announced and r.started_at:
+                            # it started and ended between two looks (one CPU run at a time
+                            # ends fast): piped output still says it started
+                            say(started_line(r))
+                            announced.add(r.id)
                         line = RunLine.of(r, reader.progress(r), now)
                         say(ended_line(r, line) if bars is None else
                             ended_line(r, line, bars.labels, bars.console.width))
