@@ -10,6 +10,7 @@ from __future__ import annotations
 import typer
 
 from gridrun.commands import analysis, deploy, doctor, engine, plan, remove, train, tui, verify
+from gridrun.commands import data as data_commands
 
 app = typer.Typer(
     name="gridrun",
@@ -19,7 +20,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (tui, plan, train, engine, remove, analysis, doctor, verify, deploy):
+for module in (tui, plan, train, engine, remove, analysis, doctor, verify, deploy, data_commands):
     module.register(app)
 
 

@@ -32,6 +32,7 @@ def allowed(key: Key) -> str:
     special = {
         "boolean": "`true` \\| `false`",
         'boolean or "auto"': "`true` \\| `false` \\| `auto`",
+        'integer or "auto"': "an integer >= 0, or `auto`",
         "array of 2 floats": "each in [0, 1)",
         "array of strings": "class names of the model's modules",
         "float or integer": "a float in [0, 1), or an integer >= 0",

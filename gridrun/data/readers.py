@@ -52,8 +52,8 @@ def shared_reader(path: str | Path) -> stores.LmdbReader | stores.Hdf5Reader:
     path = Path(path)
     try:
         st = path.stat()
-    except OSError as e:
-        raise PackError(f"{path}: {e.strerror}") from None
+    except OSError:
+        return stores.open_reader(path)  # raises with the reason, in one line
     key = (os.getpid(), str(path.resolve()), st.st_ino, st.st_mtime_ns)
     reader = _OPEN.get(key)
     if reader is None:
@@ -121,7 +121,7 @@ class PackedDataset:
     def reader(self) -> stores.LmdbReader | stores.Hdf5Reader:
         """This process's own handle, opened on first use (and again after a fork:
         the pid it was opened under is not ours)."""
-        if self._pid != os.getpid():
+        if self._pid != os.getpid() or self._reader.closed:
             self._reader = shared_reader(self.path)
             self._pid = os.getpid()
         return self._reader

@@ -43,8 +43,10 @@ class Folder:
 def scan_folder(root: str | Path) -> Folder:
     """The images under `root` in the ImageFolder layout, in a fixed order."""
     root = Path(root)
+    if not root.exists():
+        raise PackError(f"{root}: no such folder")
     if not root.is_dir():
-        raise PackError(f"{root} is not a folder")
+        raise PackError(f"{root} is not a folder of images (ROOT/CLASS/IMAGE)")
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
         raise PackError(f"{root}: no class folders: expected {root}/CLASS/IMAGE, one folder per "

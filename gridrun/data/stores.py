@@ -19,6 +19,7 @@ and an HDF5 file shorter than its superblock says are refused as truncated.
 from __future__ import annotations
 
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -164,7 +165,7 @@ class LmdbReader:
             self.env.close()
             raise PackError(f"{path} is truncated: {size:,} bytes of the {needed:,} it says it "
                             "holds (a copy or a pack cut short): " + REPACK.format(path=path))
-        self.path = path
+        self.path, self.closed = path, False
         self.txn = self.env.begin(buffers=False)  # read-only and never written: held for good
 
     def get(self, i: int) -> bytes:
@@ -177,6 +178,7 @@ class LmdbReader:
         return self.txn.get(META_PREFIX + name.encode())
 
     def close(self) -> None:
+        self.closed = True
         self.env.close()
 
 
@@ -188,13 +190,16 @@ class Hdf5Reader:
         try:
             self.file = h5py.File(path, "r", locking=False)  # never written once in place
         except OSError as e:
-            what = "is truncated" if "truncated file" in str(e) else "is a damaged HDF5 file"
-            raise PackError(f"{path} {what} ({e}): " + REPACK.format(path=path)) from None
+            sizes = re.search(r"eof = (\d+).*stored_eof = (\d+)", str(e))
+            what = (f"is truncated: {int(sizes[1]):,} bytes of the {int(sizes[2]):,} it says it "
+                    "holds (a copy or a pack cut short)" if sizes and "truncated" in str(e)
+                    else f"is a damaged HDF5 file ({e})")
+            raise PackError(f"{path} {what}: " + REPACK.format(path=path)) from None
         if "records" not in self.file or "offsets" not in self.file:
             self.file.close()
             raise PackError(f"{path} is an HDF5 file but not a packed dataset (no records written "
                             f"by `gridrun pack`): `gridrun pack SRC -o {path}` makes one")
-        self.path = path
+        self.path, self.closed = path, False
         self.records = self.file["records"]
         self.offsets = self.file["offsets"][()]
 
@@ -207,6 +212,7 @@ class Hdf5Reader:
         return None if dataset is None else dataset[()].tobytes()
 
     def close(self) -> None:
+        self.closed = True
         self.file.close()
 
 

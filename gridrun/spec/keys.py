@@ -82,7 +82,8 @@ TRAINER_KEYS: dict[str, Key] = {k.name: k for k in [
     Key("checkpoint_modules", "array of strings", [], "activation checkpointing (non-reentrant "
         "torch.utils.checkpoint) of every submodule of these classes: less memory for one more "
         "forward, bitwise the same results", affects_results=False),
-    Key("num_workers", "integer", 0, "DataLoader worker processes", min=0, affects_results=False),
+    Key("num_workers", 'integer or "auto"', 0, "DataLoader worker processes (auto: measured at "
+        "the start of the run, with prefetch_factor and pin_memory)", min=0, affects_results=False),
     Key("pin_memory", "boolean or \"auto\"", "auto", "pinned host memory (auto: on with CUDA)",
         affects_results=False),
     Key("prefetch_factor", "integer", 2, "batches prefetched per worker (with num_workers > 0)",
@@ -259,6 +260,10 @@ def check_trainer_value(key: Key, value: Any) -> tuple[Any, str | None]:
         return (value, None) if isinstance(value, bool) else (None, f"expected a boolean (true or false), {got}")
     if key.type == "string":
         return (value, None) if isinstance(value, str) else (None, f"expected a string, {got}")
+    if key.type == 'integer or "auto"':
+        if value == "auto" or (_is_int(value) and _in_range(key, value)):
+            return value, None
+        return None, f'expected an integer {_range_text(key)} or "auto", {got}'
     if key.type == 'boolean or "auto"':
         if isinstance(value, bool) or value == "auto":
             return value, None

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from gridrun.spec import RunSpec
 from gridrun.tasks import Task, resolve
-from gridrun.train import environment, levers
+from gridrun.train import environment, levers, loader_probe
 from gridrun.train.data import count_samples, train_loader, val_loader
 from gridrun.train.diagnostics import Diagnostics, model_facts
 from gridrun.train.optim import build_optimizer
@@ -110,6 +110,7 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
     summary["metrics"], summary["early_stop_metric"] = dict(task.metrics), metric
     val_data = val_loader(task.val_data, cfg, seed=run.seed, collate_fn=task.collate_fn,
                           cuda=device.type == "cuda")
+    cfg = loader_probe.settle(cfg, task, run.seed, device, total, summary)  # num_workers = "auto"
     return Setup(cfg=cfg, seed=run.seed, device=device, task=task, model=model,
                  step_model=step_model, optimizer=optimizer, scaler=scaler, autocast=autocast,
                  precision=precision, diagnostics=diagnostics, val_data=val_data,
