@@ -65,3 +65,20 @@ class Samples(torch.utils.data.Dataset):
 def samples(n: int = 12) -> Samples:
     """For `gridrun pack tests.data_helpers:samples` (a function that returns a Dataset)."""
     return Samples(n)
+
+
+def slow_augmented(sleep: float = 0.002, **kwargs):
+    """helper_tasks.augmented (augmentation from python's, NumPy's and torch's global
+    RNGs, its own drawing collate_fn, dropout, BatchNorm) whose every training sample
+    takes `sleep` seconds to load: a run with workers to gain."""
+    from helper_tasks import SlowData, augmented
+
+    task = augmented(**kwargs)
+    task.train_data = SlowData(task.train_data, sleep)
+    return task
+
+
+class FileLike(torch.utils.data.Dataset):
+    """Says it reads one file per sample, as FolderDataset does."""
+
+    storage = "files"
