@@ -4,6 +4,7 @@ handle; packing is atomic; truncated, foreign and old files are refused in one l
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -28,6 +29,10 @@ from gridrun.data import (
     readers,
     stores,
 )
+
+pytestmark = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("lmdb", "h5py", "PIL")),
+    reason="needs the [data] extra: pip install -e '.[data]'")
 
 FORMATS = ["lmdb", "hdf5"]
 

@@ -4,6 +4,7 @@ or without (forked, persistent) DataLoader workers; bad input ends in one line."
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 
@@ -16,6 +17,10 @@ from gridrun.cli import app
 from gridrun.data import pack
 from gridrun.runs import states
 from gridrun.train.trainer import train
+
+pytestmark = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("lmdb", "h5py", "PIL")),
+    reason="needs the [data] extra: pip install -e '.[data]'")
 
 QUIET = {"log": lambda s: None}
 
