@@ -159,3 +159,14 @@ def test_tune_loader_prints_what_auto_would_choose(tmp_path):
     result = CliRunner().invoke(app, ["tune-loader", str(spec), "--seconds", "0.8", "--json"])
     record = json.loads(result.stdout)
     assert record["num_workers"] == "auto" and record["trials"][0]["num_workers"] == 0
+
+
+def test_the_diagnostics_tab_shows_the_cure_and_the_choice():
+    from gridrun.tui.widgets.diagnostics import findings
+
+    text = findings({"input_bound": {"text": "input-bound: 41% of the training time waited"},
+                     "environment": {"torch": "2.13", "loader": {
+                         "chosen": {"num_workers": 1, "prefetch_factor": 2},
+                         "samples_per_s": 1234.5, "trials": [{}, {}]}}}).plain
+    assert "input-bound 41% of the training time waited" in text
+    assert "loader auto: 1 worker, prefetch 2, 1,234 samples/s (2 settings measured)" in text

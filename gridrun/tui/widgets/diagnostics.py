@@ -59,8 +59,8 @@ def findings(summary: Mapping[str, Any] | None) -> Text:
                     f"{env.get('cudnn') or '-'}  driver {env.get('driver') or '-'}  {gpu}", style="dim")
         loader = env.get("loader")
         if isinstance(loader, dict) and isinstance(loader.get("chosen"), dict):
-            rate = loader.get("samples_per_s")
-            text.append(f"\nloader auto: {loader['chosen'].get('num_workers')} workers, prefetch "
+            rate, workers = loader.get("samples_per_s"), loader["chosen"].get("num_workers")
+            text.append(f"\nloader auto: {workers} worker{'' if workers == 1 else 's'}, prefetch "
                         f"{loader['chosen'].get('prefetch_factor')}"
                         + (f", {rate:,.0f} samples/s" if isinstance(rate, int | float) else "")
                         + f" ({len(loader.get('trials') or [])} settings measured)", style="dim")
