@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from gridrun.data import open_records, pack
+from gridrun.data.readers import close_readers
 from gridrun.tasks.images import images
 from gridrun.train.loader_probe import run_trial
 
@@ -79,6 +80,9 @@ def measure(stage: str, paths: dict[str, Path], workers: int, args, cold: bool) 
         for source in SOURCES:
             data, collate, count = dataset(stage, paths[source])
             if cold:
+                # pages an open LMDB map still holds are not dropped: close every handle first
+                # (the readers reopen on first use, in each process)
+                close_readers()
                 drop_caches()
             trial = run_trial(data, CFG, {"num_workers": workers, "prefetch_factor": 2,
                                           "pin_memory": False}, seed=0, collate_fn=collate,
