@@ -24,6 +24,7 @@ from gridrun.commands import (
     tui,
     verify,
 )
+from gridrun.commands import data as data_commands
 from gridrun.commands.common import Command
 
 app = typer.Typer(
@@ -38,7 +39,7 @@ app = typer.Typer(
 )
 
 for module in (tui, plan, train, engine, remove, analysis, doctor, verify, repro, deploy, predict,
-               tensorboard):
+               tensorboard, data_commands):
     module.register(app)
 
 

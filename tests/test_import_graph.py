@@ -16,8 +16,8 @@ PACKAGE = "gridrun.engine"
 
 # The stack, bottom first: a package may import only the packages before it.
 # `analysis` and `deploy` sit beside the engine: they never import it.
-LAYERS = ["randomness", "tasks", "spec", "runs", "train", "engine", "analysis", "deploy", "checks", "tui",
-          "commands", "cli", "__main__"]
+LAYERS = ["data", "randomness", "tasks", "spec", "runs", "train", "engine", "analysis", "deploy",
+          "checks", "tui", "commands", "cli", "__main__"]
 SIDE_BY_SIDE = {("analysis", "engine"), ("deploy", "engine"), ("deploy", "analysis")}
 
 

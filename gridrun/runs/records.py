@@ -294,6 +294,7 @@ class Summary:
     resumed_from_step: int | None = None
     weights_sha256: str | None = None
     data_wait: float | None = None  # the share of training time spent waiting for data
+    input_bound: dict[str, Any] | None = None  # waited too long: the numbers and the remedies
     parameters: dict[str, Any] | None = None  # {"total": n, "trainable": n}
     dtype: str | None = None  # the parameters' dtype(s), e.g. "float32"
     unused_parameters: list[str] = field(default_factory=list)  # trainable, no grad at step 1

@@ -110,7 +110,8 @@ TRAINER_KEYS: dict[str, Key] = {k.name: k for k in [
     Key("checkpoint_modules", "array of strings", [], "activation checkpointing (non-reentrant "
         "torch.utils.checkpoint) of every submodule of these classes: less memory for one more "
         "forward, bitwise the same results", affects_results=False),
-    Key("num_workers", "integer", 0, "DataLoader worker processes", min=0, max=1024,
+    Key("num_workers", 'integer or "auto"', 0, "DataLoader worker processes (auto: measured at "
+        "the start of the run, with prefetch_factor and pin_memory)", min=0, max=1024,
         affects_results=False),
     Key("pin_memory", "boolean or \"auto\"", "auto", "pinned host memory (auto: on with CUDA)",
         affects_results=False),

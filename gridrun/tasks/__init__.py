@@ -4,8 +4,9 @@ A task factory is any callable whose keyword parameters are the task keys of
 the experiment file, returning a `Task`. Built-in tasks are named here as
 `module:factory` strings, so nothing is imported until a run needs it.
 
-The bottom of the house: imports nothing of gridrun, and torch only in the
-built-in tasks' own modules. Users write `from gridrun import Task`.
+Near the bottom of the house: imports nothing of gridrun but `gridrun.data`
+(the `images` task reads packed files), and torch only in the built-in
+tasks' own modules. Users write `from gridrun import Task`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ BUILTIN: dict[str, str] = {
     "spirals": "gridrun.tasks.spirals:spirals",
     "shapes": "gridrun.tasks.shapes:shapes",
     "sort": "gridrun.tasks.sort:sort",
+    "images": "gridrun.tasks.images:images",
 }
 
 

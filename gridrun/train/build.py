@@ -21,7 +21,7 @@ from gridrun import randomness
 from gridrun.spec import RunSpec, sources
 from gridrun.spec.errors import suggest_metric
 from gridrun.tasks import Task, resolve
-from gridrun.train import environment, levers, switches, threads
+from gridrun.train import environment, levers, loader_probe, switches, threads
 from gridrun.train.data import count_samples, train_loader, val_loader
 from gridrun.train.diagnostics import Diagnostics, model_facts
 from gridrun.train.optim import build_optimizer
@@ -130,6 +130,7 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
     summary["metrics"], summary["early_stop_metric"] = metrics, metric
     val_data = val_loader(task.val_data, cfg, seed=seeds["augment"], collate_fn=task.collate_fn,
                           cuda=device.type == "cuda")
+    cfg = loader_probe.settle(cfg, task, seeds["order"], device, total, summary)  # num_workers = "auto"
     if separate:  # what the model draws from here on is the model source's alone
         seed_everything(model_seed(seeds["model"]))
     return Setup(cfg=cfg, seed=run.seed, seeds=seeds, device=device, task=task, model=model,

@@ -17,6 +17,7 @@ import torch
 
 from gridrun.runs import records
 from gridrun.runs.runlog import MetricsWriter
+from gridrun.train.loader_probe import input_bound
 
 if TYPE_CHECKING:
     from gridrun.train.build import Setup
@@ -117,3 +118,9 @@ class Meter:
             summary["samples_per_s"] = self.total_samples / self.train_time
             summary["tokens_per_s"] = (self.total_tokens / self.train_time
                                        if self.counts_tokens else None)
+            found = input_bound(self.setup.cfg, self.setup.task.train_data, summary,
+                                self.setup.diagnostics.total_waited, self.train_time,
+                                self.total_samples)
+            if found:
+                summary["input_bound"] = found
+                self.log(found["text"])

@@ -42,6 +42,10 @@ def findings(summary: Mapping[str, Any] | None) -> Text:
     if unused:
         text.append("no gradient ", style="bold yellow").append(
             ", ".join(unused[:6]) + (f" (+{len(unused) - 6} more)" if len(unused) > 6 else "") + "\n")
+    bound = s.get("input_bound")
+    if isinstance(bound, dict) and isinstance(bound.get("text"), str):
+        text.append("input-bound ", style="bold yellow").append(
+            bound["text"].removeprefix("input-bound: ") + "\n")
     params = s.get("parameters")
     if isinstance(params, dict):
         text.append(f"parameters {params.get('total', 0):,} ({params.get('trainable', 0):,} trainable)"
@@ -53,6 +57,13 @@ def findings(summary: Mapping[str, Any] | None) -> Text:
         gpu = f"{env.get('gpu')}" if env.get("gpu") else "cpu"
         text.append(f"\ntorch {env.get('torch')}  CUDA {env.get('cuda') or '-'}  cuDNN "
                     f"{env.get('cudnn') or '-'}  driver {env.get('driver') or '-'}  {gpu}", style="dim")
+        loader = env.get("loader")
+        if isinstance(loader, dict) and isinstance(loader.get("chosen"), dict):
+            rate, workers = loader.get("samples_per_s"), loader["chosen"].get("num_workers")
+            text.append(f"\nloader auto: {workers} worker{'' if workers == 1 else 's'}, prefetch "
+                        f"{loader['chosen'].get('prefetch_factor')}"
+                        + (f", {rate:,.0f} samples/s" if isinstance(rate, int | float) else "")
+                        + f" ({len(loader.get('trials') or [])} settings measured)", style="dim")
     return text
 
 

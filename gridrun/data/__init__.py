@@ -1,0 +1,21 @@
+"""Packed datasets: many small files (or any map-style Dataset) in one LMDB or HDF5 file.
+
+    index     the index a packed file carries (kind, length, class names,
+              dtypes and shapes, the source's content hash), PackError
+    sources   what gets packed: an ImageFolder-style tree, a Dataset's samples
+    stores    the containers: LMDB and HDF5 writers and readers
+    pack      `pack` (atomic: temporary file, fsync, rename) and `check`
+    readers   `PackedDataset` (opens its handle lazily in each process, again
+              after a fork), `FolderDataset`, `open_records`
+
+The bottom of the stack: imports nothing else of gridrun, and neither torch
+nor lmdb nor h5py until they are needed (`gridrun pack --help` stays fast).
+The `[data]` extra installs lmdb, h5py and Pillow.
+"""
+
+from gridrun.data.index import FILES, SAMPLES, Index, PackError
+from gridrun.data.pack import check, pack
+from gridrun.data.readers import FolderDataset, PackedDataset, open_records
+
+__all__ = ["FILES", "SAMPLES", "FolderDataset", "Index", "PackError", "PackedDataset", "check",
+           "open_records", "pack"]
