@@ -46,7 +46,7 @@ import torch
 torch.set_num_threads(1)
 from gridrun.engine import layout, runlog
 from gridrun.spec import TRAINER_KEYS, RunSpec
-from gridrun.train.trainer import train
+from gridrun.train.loop.trainer import train
 task, args, trainer = json.loads(sys.argv[1])
 cfg = {k: key.default for k, key in TRAINER_KEYS.items()}
 cfg.update(epochs=1, lr=1e-3, warmup=0, schedule="constant", log_every=16, **trainer)

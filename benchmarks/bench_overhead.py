@@ -22,7 +22,7 @@ import torch
 from gridrun.runs import layout, runlog
 from gridrun.spec import TRAINER_KEYS, RunSpec
 from gridrun.tasks import resolve
-from gridrun.train.trainer import train
+from gridrun.train.loop.trainer import train
 
 CASES = {
     "spirals": ({"hidden": 256, "train_size": 8192, "val_size": 256}, {"batch_size": 128}),

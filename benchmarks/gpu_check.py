@@ -58,7 +58,7 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 def repeat_and_resume(tmp: Path) -> None:
-    from gridrun.train.trainer import train
+    from gridrun.train.loop.trainer import train
 
     print("1. bitwise repeat and exact mid-epoch resume, deterministic = true")
     for precision in ("fp32", "bf16", "fp16"):
@@ -79,7 +79,7 @@ def repeat_and_resume(tmp: Path) -> None:
 
 def step_times() -> None:
     from gridrun.tasks import resolve
-    from gridrun.train.trainer import train
+    from gridrun.train.loop.trainer import train
 
     print("2. time per step: bare loop, .item() per step, gridrun's trainer (spirals, hidden 1024)")
     args, batch = {"hidden": 1024, "train_size": 65536, "val_size": 256}, 256
@@ -128,7 +128,7 @@ def step_times() -> None:
 
 def diagnostics_on_cuda(tmp: Path) -> None:
     from gridrun.runs import records, runlog
-    from gridrun.train.trainer import train
+    from gridrun.train.loop.trainer import train
 
     print("3. diagnostics on CUDA, and checkpoint_modules")
     s = train(spec(clip_grad=1.0), tmp / "diag", log=lambda s: None)

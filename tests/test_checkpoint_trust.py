@@ -14,7 +14,7 @@ from test_resume import assert_same_end, make_run, start_worker, wait_for_checkp
 
 from gridrun.runs import layout, states
 from gridrun.train import checkpoint
-from gridrun.train.trainer import train
+from gridrun.train.loop.trainer import train
 
 TASK = {"step_sleep": 0.03, "train_size": 512, "val_size": 128}
 TRAINER = {"checkpoint_every": 3}

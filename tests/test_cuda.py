@@ -6,7 +6,7 @@ import torch
 from gridrun.runs import layout, records, runlog, states
 from gridrun.spec import TRAINER_KEYS, RunSpec
 from gridrun.train import checkpoint
-from gridrun.train.trainer import train
+from gridrun.train.loop.trainer import train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 TIMING = records.TIMING  # what differs between identical replays

@@ -20,7 +20,7 @@ from test_resume import (
 
 from gridrun.runs import layout, states
 from gridrun.train import checkpoint
-from gridrun.train.trainer import train
+from gridrun.train.loop.trainer import train
 
 TASK_ARGS = {"inner_task": "helper_tasks:augmented", "step_sleep": 0.0, "train_size": 256,
              "val_size": 64}

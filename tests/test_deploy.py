@@ -19,7 +19,7 @@ from gridrun.deploy.model import DeployError, export_model
 from gridrun.runs import layout, states
 from gridrun.spec import TRAINER_KEYS, RunSpec, write_run_config
 from gridrun.train import checkpoint, worker
-from gridrun.train.trainer import train
+from gridrun.train.loop.trainer import train
 
 TINY = {
     "spirals": {"train_size": 256, "val_size": 300},  # two validation batches

@@ -15,7 +15,7 @@ from test_trainer import QUIET, spec
 from gridrun.runs import layout, progress, records, runlog, states
 from gridrun.spec import TRAINER_KEYS, write_run_config
 from gridrun.train import worker
-from gridrun.train.trainer import train
+from gridrun.train.loop.trainer import train
 
 
 def train_lines(run_dir):

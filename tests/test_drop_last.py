@@ -5,7 +5,7 @@ which is part of the run id; validation never drops."""
 from __future__ import annotations
 
 from gridrun.spec import load_runs
-from gridrun.train.trainer import train
+from gridrun.train.loop.trainer import train
 
 CELL = """
 [experiments.d]

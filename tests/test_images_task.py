@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from gridrun.cli import app
 from gridrun.data import pack
 from gridrun.runs import states
-from gridrun.train.trainer import train
+from gridrun.train.loop.trainer import train
 
 pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("lmdb", "h5py", "PIL")),

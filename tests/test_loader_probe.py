@@ -20,7 +20,7 @@ from gridrun.checks.verify import verify
 from gridrun.cli import app
 from gridrun.runs import states
 from gridrun.train import loader_probe
-from gridrun.train.trainer import train
+from gridrun.train.loop.trainer import train
 
 CFG = {"batch_size": 16, "num_workers": "auto", "pin_memory": "auto", "prefetch_factor": 2,
        "persistent_workers": False, "accumulate": 1}

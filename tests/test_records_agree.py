@@ -18,7 +18,7 @@ from gridrun.cli import app
 from gridrun.runs import layout, records, runlog
 from gridrun.spec import load_runs, write_run_config
 from gridrun.train import worker
-from gridrun.train.trainer import train
+from gridrun.train.loop.trainer import train
 
 CELL = """
 [experiments.ep]

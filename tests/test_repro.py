@@ -18,7 +18,7 @@ from gridrun.checks import repro
 from gridrun.cli import app
 from gridrun.runs import layout, records, runlog, states
 from gridrun.spec import load_runs, write_run_config
-from gridrun.train.trainer import train
+from gridrun.train.loop.trainer import train
 
 STEPS = 50
 ALLOWED = {"gridrun", "gridrun.tasks", "gridrun.randomness"}  # and the task's own module

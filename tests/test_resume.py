@@ -15,7 +15,7 @@ import torch
 from gridrun.runs import layout, records, runlog, states
 from gridrun.spec import TRAINER_KEYS, RunSpec, write_run_config
 from gridrun.train import checkpoint
-from gridrun.train.trainer import train
+from gridrun.train.loop.trainer import train
 
 TIMING = records.TIMING  # what differs between identical replays
 

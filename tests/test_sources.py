@@ -13,7 +13,7 @@ import torch
 
 from gridrun.runs import layout, records, states
 from gridrun.spec import SpecError, load_runs, write_run_config
-from gridrun.train.trainer import Probe, train
+from gridrun.train.loop.trainer import Probe, train
 
 SMALL = 'task = "shapes"\ntrain_size = 64\nval_size = 16\nbatch_size = 16\nepochs = 1\n'
 
@@ -116,8 +116,8 @@ def test_a_default_run_draws_as_before(tmp_path):
     """One stream from the seed on: the factory's draws, then the model's, with no
     reseed between; the order and the batch streams from the run's seed."""
     from gridrun.tasks import resolve
-    from gridrun.train.build import build, training_loader
     from gridrun.train.data import start_epoch
+    from gridrun.train.loop.build import build, training_loader
     from gridrun.train.seeding import data_seed, seed_everything, stream_seed
 
     run = runs_of(tmp_path, f"[experiments.d]\n{SMALL}seeds = [7]\n")[0]

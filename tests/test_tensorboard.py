@@ -44,7 +44,7 @@ def root(tmp_path_factory):
     """Two small runs trained in this process, completed in the store."""
     import torch
 
-    from gridrun.train.trainer import train
+    from gridrun.train.loop.trainer import train
 
     base = tmp_path_factory.mktemp("tb")
     spec = base / "tb.toml"

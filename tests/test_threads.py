@@ -119,7 +119,7 @@ def test_verify_names_the_environment_field_that_differs(tmp_path):
     run = load_runs(tmp_path / "e.toml")[0]
     from gridrun.spec import write_run_config
     from gridrun.train import worker
-    from gridrun.train.trainer import train
+    from gridrun.train.loop.trainer import train
 
     run_dir = tmp_path / "cell" / run.id
     layout.make_private_dir(run_dir.parent)

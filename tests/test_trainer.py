@@ -15,8 +15,8 @@ from gridrun.runs import layout, records, runlog, states
 from gridrun.spec import TRAINER_KEYS, RunSpec
 from gridrun.tasks.spirals import spirals
 from gridrun.train import checkpoint
+from gridrun.train.loop.trainer import evaluate, train
 from gridrun.train.optim import lr_at
-from gridrun.train.trainer import evaluate, train
 
 TIMING = records.TIMING  # what differs between identical replays
 QUIET = {"log": lambda s: None}
@@ -194,7 +194,7 @@ def test_host_read_count_sees_a_per_step_sync(tmp_path, monkeypatch):
     `.item()` per batch, in a function that runs as part of trainer.py."""
     import types
 
-    from gridrun.train import trainer
+    from gridrun.train.loop import trainer
 
     real = trainer.to_device
 
@@ -208,7 +208,7 @@ def test_host_read_count_sees_a_per_step_sync(tmp_path, monkeypatch):
     reads = count_host_reads(monkeypatch)
     monkeypatch.setattr(trainer, "to_device", as_trainer_code)
     train(spec(epochs=3, log_every=7), tmp_path, **QUIET)
-    assert reads["gridrun.train.trainer"] >= 21
+    assert reads["gridrun.train.loop.trainer"] >= 21
 
 
 def test_divergence_seen_at_an_evaluation_still_writes_a_summary(tmp_path):

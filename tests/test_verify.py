@@ -21,7 +21,7 @@ from gridrun.runs.store import Store
 from gridrun.spec import TRAINER_KEYS, RunSpec, read_run_config, write_run_config
 from gridrun.train import checkpoint, worker
 from gridrun.train.checkpoint import weights_sha256
-from gridrun.train.trainer import train
+from gridrun.train.loop.trainer import train
 
 QUIET = {"log": lambda s: None}
 

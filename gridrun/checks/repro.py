@@ -28,7 +28,7 @@ from gridrun.runs import layout, records, runlog
 from gridrun.spec import RunSpec, read_run_config, sources
 from gridrun.tasks import BUILTIN, TaskNotFound, resolve
 from gridrun.train import data, optim, seeding
-from gridrun.train.build import resolve_precision
+from gridrun.train.loop.build import resolve_precision
 
 # the lines a script prints: each step's loss, and at the run's log points the
 # interval's mean loss (the trainer's sum over its micro-batches) and its lr

@@ -30,7 +30,7 @@ from gridrun.checks import verdict
 from gridrun.runs import layout, nofollow, records, runlog, space, states
 from gridrun.spec import parse_run_config
 from gridrun.train import checkpoint, environment, threads
-from gridrun.train.trainer import train
+from gridrun.train.loop.trainer import train
 
 MISSING = "(missing)"
 

@@ -174,7 +174,7 @@ def register(app: typer.Typer) -> None:
                 (run_dir / layout.SUMMARY).unlink(missing_ok=True)
             write_run_config(run_dir / layout.CONFIG, chosen)
             with working("importing torch"):
-                import gridrun.train.trainer  # noqa: F401 - the worker's import, before it prints
+                import gridrun.train.loop.trainer  # noqa: F401 - the worker's import, before it prints
             try:
                 code = worker.main(run_dir, fresh=start_over)
             except KeyboardInterrupt:  # before the worker's own handler

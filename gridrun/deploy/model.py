@@ -162,8 +162,8 @@ class LoadedRun:
                        device: str | torch.device = "cpu") -> dict[str, float]:
         """The task's metrics of `model` (the run's, or anything called like it: an exported
         program) over `loader`, computed the trainer's way."""
+        from gridrun.train.loop.trainer import evaluate, resolve_precision
         from gridrun.train.seeding import set_determinism
-        from gridrun.train.trainer import evaluate, resolve_precision
 
         device = torch.device(device)
         if device.type == "cuda":

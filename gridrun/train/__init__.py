@@ -1,11 +1,6 @@
 """One run in one process: the training loop and everything it needs.
 
-    trainer      train(spec, run_dir): the loop, top to bottom, and how a run ends
-    build        the build phase: seed, task, model, optimizer, precision, run length
-    state        TrainState, the resume phase and the Checkpointer (when to save)
-    step         the micro-batches, forward and backward, the optimizer step
-    meter        the log points: the one host sync and the train lines
-    validate     evaluation, best.pt and early stopping
+    loop/        train(spec, run_dir) and its phases: build, state, step, meter, validate
     data         the loaders and the per-batch random streams
     seeding      seeds, RNG states, deterministic mode
     checkpoint   atomic checkpoints that load with weights_only=True
@@ -15,6 +10,7 @@
     optim        optimizer and learning-rate schedule
     threads      the CPU threads a run computes with: resolved, set, restored
     environment  the software and hardware a run ran on
+    loader_probe num_workers = "auto": the loader timed, a setting chosen
     diverge      where a NaN was born: a deterministic replay to the first bad op
     worker       the entry point a backend runs in a child process
 

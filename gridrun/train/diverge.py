@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from gridrun.runs import layout
-from gridrun.train.trainer import Probe, train
+from gridrun.train.loop.trainer import Probe, train
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

@@ -108,7 +108,7 @@ def paused_for_space(summary: dict[str, Any]) -> str | None:
 def main(run_dir: str | Path, *, fresh: bool = False) -> int:
     # before anything touches CUDA: the allocator reads it when CUDA starts
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOC_CONF)
-    from gridrun.train.trainer import train
+    from gridrun.train.loop.trainer import train
 
     run_dir = Path(run_dir)
     try:

@@ -31,7 +31,7 @@ def test_nothing_outside_the_interface_imports_textual():
                     "    except ModuleNotFoundError as e:\n"
                     "        if e.name.split('.')[0] not in ('ray', 'submitit', 'onnx', 'onnxruntime',"
                     " 'onnxscript', 'pynvml'): raise")
-    assert "gridrun.runs.store" in mods and "gridrun.train.trainer" in mods
+    assert "gridrun.runs.store" in mods and "gridrun.train.loop.trainer" in mods
     assert "textual" not in mods
     assert not any(m.startswith("gridrun.tui") for m in mods)
 

@@ -34,7 +34,7 @@ def _preload() -> None:
     # torch.use_deterministic_algorithms imports torch._inductor (seconds): do it once here.
     # None of these initialise CUDA.
     for name in ("torch._dynamo", "torch._inductor", "gridrun.train.worker",
-                 "gridrun.train.trainer", "gridrun.tasks.spirals"):
+                 "gridrun.train.loop.trainer", "gridrun.tasks.spirals"):
         with contextlib.suppress(Exception):
             __import__(name)
 

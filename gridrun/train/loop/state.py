@@ -22,8 +22,8 @@ import torch
 from gridrun.runs import layout, records
 from gridrun.runs.runlog import MetricsWriter
 from gridrun.train import checkpoint
-from gridrun.train.build import Setup
-from gridrun.train.meter import read_pending
+from gridrun.train.loop.build import Setup
+from gridrun.train.loop.meter import read_pending
 from gridrun.train.seeding import rng_state, set_rng_state
 
 # what a checkpoint must hold to resume from it (see TrainState.checkpoint)

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
 
-from gridrun.train.build import Setup
 from gridrun.train.data import start_epoch
+from gridrun.train.loop.build import Setup
+from gridrun.train.loop.state import TrainState
 from gridrun.train.optim import lr_at
-from gridrun.train.state import TrainState
 
 if TYPE_CHECKING:
-    from gridrun.train.trainer import Probe
+    from gridrun.train.loop.trainer import Probe
 
 
 def micro_batches(loader: DataLoader, setup: Setup, state: TrainState) -> Iterator[Any]:

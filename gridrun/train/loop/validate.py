@@ -18,9 +18,9 @@ from gridrun.runs import records
 from gridrun.runs.runlog import MetricsWriter
 from gridrun.tasks import Task
 from gridrun.train import checkpoint
-from gridrun.train.build import Setup
 from gridrun.train.data import to_device
-from gridrun.train.state import Checkpointer, TrainState
+from gridrun.train.loop.build import Setup
+from gridrun.train.loop.state import Checkpointer, TrainState
 
 
 @torch.inference_mode()

@@ -28,7 +28,7 @@ from gridrun.train.optim import build_optimizer
 from gridrun.train.seeding import model_seed, seed_everything, set_determinism
 
 if TYPE_CHECKING:
-    from gridrun.train.trainer import Probe
+    from gridrun.train.loop.trainer import Probe
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

@@ -20,8 +20,8 @@ from gridrun.runs.runlog import MetricsWriter
 from gridrun.train.loader_probe import input_bound
 
 if TYPE_CHECKING:
-    from gridrun.train.build import Setup
-    from gridrun.train.state import TrainState
+    from gridrun.train.loop.build import Setup
+    from gridrun.train.loop.state import TrainState
 
 
 def read_pending(setup: Setup, state: TrainState, weights: bool = False,

@@ -25,13 +25,13 @@ from gridrun.runs import layout, records, states
 from gridrun.runs.runlog import MetricsWriter
 from gridrun.spec import RunSpec
 from gridrun.train import checkpoint, environment
-from gridrun.train.build import build, resolve_precision, training_loader
 from gridrun.train.data import to_device
 from gridrun.train.diagnostics import unused_warning
-from gridrun.train.meter import Meter
-from gridrun.train.state import RESUME_KEYS, Checkpointer, TrainState, resume
-from gridrun.train.step import forward_backward, micro_batches, step_once
-from gridrun.train.validate import Validator, evaluate
+from gridrun.train.loop.build import build, resolve_precision, training_loader
+from gridrun.train.loop.meter import Meter
+from gridrun.train.loop.state import RESUME_KEYS, Checkpointer, TrainState, resume
+from gridrun.train.loop.step import forward_backward, micro_batches, step_once
+from gridrun.train.loop.validate import Validator, evaluate
 
 # the names other modules import from here
 __all__ = ["RESUME_KEYS", "Probe", "evaluate", "failed", "peak_memory", "resolve_precision", "train"]
