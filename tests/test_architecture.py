@@ -37,3 +37,18 @@ def test_every_top_level_package_has_its_own_heading():
 
 def test_the_page_stays_short():
     assert len(DOC.read_text(encoding="utf-8").splitlines()) < 250
+
+
+def test_no_package_holds_more_than_fifteen_modules_side_by_side():
+    crowded = {}
+    for init in GRIDRUN.rglob("__init__.py"):
+        modules = [p for p in init.parent.glob("*.py") if p.name != "__init__.py"]
+        if len(modules) > 15:
+            crowded[str(init.parent.relative_to(GRIDRUN.parent))] = len(modules)
+    assert crowded == {}, "split these packages by concern"
+
+
+def test_no_module_is_over_450_lines():
+    long = {str(p.relative_to(GRIDRUN.parent)): n for p in GRIDRUN.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 450}
+    assert long == {}, "split these modules where a second concern has grown inside"
