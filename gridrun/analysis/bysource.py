@@ -12,8 +12,6 @@ enough on its own to make two runs disagree that much.
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import math
 from typing import Any
@@ -170,12 +168,7 @@ def format_sources(table: RowTable, fmt: str = "table") -> str:
         return json.dumps([{c: None if missing(r.get(c)) else r.get(c) for c in table.columns}
                            for r in table.rows], indent=1, default=str) + "\n"
     if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(table.columns)
-        writer.writerows([["" if missing(v := r.get(c)) else v for c in table.columns]
-                          for r in table.rows])
-        return out.getvalue()
+        return table.to_csv()
     header, body = cells(table)
     if fmt == "markdown":
         lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]

@@ -8,6 +8,8 @@ DataFrame comes back in (`from_frame`).
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -47,6 +49,15 @@ class RowTable:
     def where(self, name: str, value: Any) -> RowTable:
         """The rows whose `name` is `value`, with the same columns and attrs."""
         return RowTable([r for r in self.rows if r.get(name) == value], self.columns, dict(self.attrs))
+
+    def to_csv(self) -> str:
+        """The rows as CSV in column order; a missing value is an empty field."""
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(self.columns)
+        writer.writerows([["" if missing(v := r.get(c)) else v for c in self.columns]
+                          for r in self.rows])
+        return out.getvalue()
 
     def to_frame(self) -> pd.DataFrame:
         import pandas as pd

@@ -3,8 +3,6 @@ the formats `gridrun compare` prints (table, csv, markdown, latex, json)."""
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import os
@@ -147,12 +145,7 @@ def format_table(table: RowTable | pd.DataFrame, fmt: str = "table") -> str:
     """The ablation table as text: table | csv | markdown | latex | json."""
     table = _rows(table)
     if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(table.columns)
-        writer.writerows([["" if missing(v := r.get(c)) else v for c in table.columns]
-                          for r in table.rows])
-        return out.getvalue()
+        return table.to_csv()
     if fmt == "json":
         rows = [{c: _plain(r.get(c)) for c in table.columns} for r in table.rows]
         return json.dumps(rows, indent=1, default=str) + "\n"
