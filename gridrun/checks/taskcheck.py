@@ -19,7 +19,6 @@ import contextlib
 import json
 import math
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,8 +38,7 @@ from gridrun.spec.load import read_text
 from gridrun.tasks import DerivedMetricError, Task, resolve
 from gridrun.train.seeding import rng_state, seed_everything, set_rng_state
 
-_TORCH_DIR = str(Path(torch.__file__).parent)
-_OURS = {__file__, tasks.__file__}  # frames of the check and of Task.derive are not the user's
+_OURS = (__file__, tasks.__file__)  # frames of the check and of Task.derive are not the user's
 _MODULE_INTERNALS = {"_modules", "_parameters", "_buffers"}
 
 
@@ -93,9 +91,8 @@ def describe(exc: BaseException) -> str:
 
 def where(exc: BaseException) -> str:
     """` at FILE:LINE`: the last frame of the user's code in the traceback, or ""."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.startswith(_TORCH_DIR) and f.filename not in _OURS]
-    return f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    frame = tasks.user_frame(exc, skip=_OURS)
+    return f" at {Path(frame.filename).name}:{frame.lineno}" if frame else ""
 
 
 def _names(names: Sequence[str], most: int = 6) -> str:

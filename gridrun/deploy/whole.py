@@ -7,7 +7,7 @@ model's input (a tensor, or a tuple or dict of the model's inputs).
 
 from __future__ import annotations
 
-import traceback
+import site
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,11 +15,11 @@ from typing import Any
 import torch
 
 from gridrun.deploy.formats import DeployError, _quiet
-from gridrun.tasks import Task
+from gridrun.tasks import Task, user_frame
 
 RAW = "raw"  # the name of the exported whole's input
-_TORCH_DIR = str(Path(torch.__file__).parent)
-_DEPLOY_DIR = str(Path(__file__).parent)
+# frames of the exporter, of this package and of installed libraries (onnx, ...)
+_NOT_THE_USERS = (str(Path(__file__).parent), *site.getsitepackages(), site.getusersitepackages())
 
 
 class Whole(torch.nn.Module):
@@ -81,11 +81,8 @@ def check_exportable(fmt: str, preprocess: torch.nn.Module, raw: torch.Tensor,
 
 def refusal(fmt: str, exc: BaseException) -> str:
     """One line: the preprocess cannot be exported, the operation, and the line that does it."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.startswith((_TORCH_DIR, _DEPLOY_DIR)) and "site-packages" not in f.filename]
     where = ""
-    if frames:
-        f = frames[-1]
+    if f := user_frame(exc, skip=_NOT_THE_USERS):
         where = f" at {Path(f.filename).name}:{f.lineno}" + (f" `{f.line.strip()}`" if f.line else "")
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     first = lines[0].split(" (")[0].split(". ")[0][:160] if lines else ""

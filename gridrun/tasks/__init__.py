@@ -12,9 +12,11 @@ tasks' own modules. Users write `from gridrun import Task`.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 import os
 import sys
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -239,3 +241,13 @@ def resolve(name: str) -> Callable[..., Task]:
     if not callable(factory):
         raise TaskNotFound(f"{target!r} is not callable (task {name!r})")
     return factory
+
+
+def user_frame(exc: BaseException, skip: Sequence[str] = ()) -> traceback.FrameSummary | None:
+    """The last frame of `exc`'s traceback outside torch and `skip` (files, or folders as
+    prefixes): the line of the user's code to name in a one-line error, or None."""
+    spec = importlib.util.find_spec("torch")
+    torch_dirs = tuple(spec.submodule_search_locations or ()) if spec else ()
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith((*torch_dirs, *skip))]
+    return frames[-1] if frames else None
