@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         src: Annotated[str, typer.Argument(help="A folder of images (SRC/CLASS/IMAGE), "
                                            "`package.module:attr` naming a map-style Dataset (or "
                                            "a function returning one), or with --check alone a "
-                                           "packed file.")],
+                                           "packed file.", metavar="SRC")],
         out: Annotated[Path | None, typer.Option("--out", "-o", help="The file to write.")] = None,
         fmt: Annotated[str | None, typer.Option("--format", help="lmdb or hdf5 (default: from "
                                                 "OUT's suffix, .lmdb or .h5).")] = None,
@@ -123,7 +123,8 @@ def register(app: typer.Typer) -> None:
     @app.command("tune-loader")
     def tune_loader(
         file: FileArgument,
-        run: Annotated[str | None, typer.Argument(help="Run id or unique prefix, as `gridrun plan` prints.")] = None,
+        run: Annotated[str | None, typer.Argument(
+            help="Run id or unique prefix, as `gridrun plan` prints.", metavar="RUN")] = None,
         seconds: Annotated[float, typer.Option("--seconds", min=0.5, help="Time to spend measuring.")] = 10.0,
         as_json: Annotated[bool, typer.Option("--json", help="Print the measurements as JSON.")] = False,
     ) -> None:
