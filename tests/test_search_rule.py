@@ -4,6 +4,7 @@ a decision once given is never taken back."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 from gridrun.engine.promotion import PROMOTE, STOP, decide, decide_rung, winner
@@ -37,7 +38,7 @@ def test_completion_order_never_changes_the_decisions():
         rng.shuffle(order)
         history, _ = play(27, 3, order, value)
         assert history[-1] == reference[-1]
-        for before, after in zip(history, history[1:], strict=False):
+        for before, after in itertools.pairwise(history):
             assert set(before) <= set(after)  # final: nothing given is taken back
 
 
