@@ -136,3 +136,15 @@ def test_asha_needs_an_evaluation_at_each_epoch_end(tmp_path):
         'scheduler = "asha"\nmetric = "accuracy"\nmax_epochs = 9\n')
     with pytest.raises(SpecError, match=r"s.toml:3: \[experiments.tune\] eval_every: must be 0"):
         load_runs(write(tmp_path, text))
+
+
+def test_a_search_metric_the_task_lacks_is_one_line_at_check_time(tmp_path):
+    from gridrun.checks.taskcheck import check_file
+
+    text = GOOD.replace('trials = 9', 'trials = 2') + (
+        'scheduler = "asha"\nmetric = "acuracy"\nmax_epochs = 3\n')
+    path = write(tmp_path, text)
+    report = check_file(path)
+    assert [str(p) for p in report.problems] == [
+        f"{path}:10: [experiments.tune] task 'spirals': search.metric 'acuracy' is not among its "
+        "metrics 'loss', 'accuracy' (did you mean 'accuracy'?)"]
