@@ -91,6 +91,7 @@ def test_one_slot_two_slots_and_a_killed_engine_decide_the_same(tmp_path, backen
     assert len(one["promotions"]) == 3 + 1  # 9 -> 3 -> 1
     assert sum(s == states.STOPPED for s in one["states"].values()) == 8
     assert one["states"][one["winner"]] == states.COMPLETED
+    views(tmp_path / "one", one)
     two = in_process(tmp_path / "two", backend, runs, 2)
     assert two == one
 
@@ -111,3 +112,31 @@ def test_one_slot_two_slots_and_a_killed_engine_decide_the_same(tmp_path, backen
         finally:
             daemon.stop(root)
     assert killed == one
+
+
+def views(root: Path, done: dict) -> None:
+    """ls, compare and export over the finished search."""
+    import csv
+
+    from typer.testing import CliRunner
+
+    from gridrun.cli import app
+
+    def cli(*args: str) -> str:
+        result = CliRunner().invoke(app, [*args, "--root", str(root)])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    listed = cli("ls", "--experiment", "tune")
+    assert "RUNG  EPOCHS" in listed.splitlines()[0]
+    assert "r2    9/9" in listed and "r0    1/9" in listed and "stopped" in listed
+    board = cli("compare", "tune")
+    assert board.splitlines()[1].startswith("RANK  TRIAL  STATUS")
+    assert board.splitlines()[2].startswith(f"1     t{done['winner']} ")
+    assert "Spearman rank correlation with accuracy (on the first rung): lr " in board
+    cli("export", "-o", str(root / "runs.csv"))
+    with open(root / "runs.csv") as f:
+        rows = list(csv.DictReader(f))
+    used = {int(r["trial"]): (r["rung"], int(r["epochs_used"])) for r in rows}
+    assert used[done["winner"]] == ("2", 9)
+    assert sum(e for _, e in used.values()) == 9 + 3 * 2 + 1 * 6  # 9 at 1, 3 on to 3, 1 on to 9
