@@ -8,10 +8,11 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from gridrun.analysis.rowtable import RowTable, missing
-from gridrun.runs import records
+from gridrun.runs import layout, records
 
 TOP = 10
 
@@ -98,6 +99,39 @@ def leaderboard(table: RowTable, axes: Iterable[str], first_rung: dict[int, floa
                          "values": {k: t["rows"][0].get(k) for k in axes}}
                         for i, t in enumerate(ranked[:top])],
             "spearman": correlations}
+
+
+def first_rung(root: Any, search_id: str | None) -> dict[int, float] | None:
+    """Each trial's result at its search's first rung (the mean over its seeds), from the
+    store's kept results; None without a scheduler, a store or results."""
+    if not search_id or not (Path(root) / layout.DB_NAME).is_file():
+        return None
+    try:
+        from gridrun.runs.store import Store
+
+        with Store(root, create=False, create_store=False) as store:
+            kept = store.search_results(search_id)
+    except Exception:  # no rung results: the correlations are on the last values
+        return None
+    if not kept:
+        return None
+    epoch = min(r.epoch for r in kept)
+    at: dict[int, list[float | None]] = defaultdict(list)
+    for r in kept:
+        if r.epoch == epoch:
+            at[r.trial].append(r.value)
+    return {t: sum(v) / len(v) for t, v in at.items() if None not in v} or None  # type: ignore[arg-type]
+
+
+def search_text(root: Any, table: RowTable, experiment: str, fmt: str = "table") -> str | None:
+    """The leaderboard of `experiment` when it is a search, else None."""
+    found = [r for r in table if r.get("experiment") == experiment and not missing(r.get("trial"))]
+    if not found:
+        return None
+    mine = RowTable(found, table.columns, table.attrs)
+    axes = [k for k in table.attrs.get("axes", []) if any(k in r for r in found)]
+    board = leaderboard(mine, axes, first_rung(root, found[0].get("search")))
+    return format_leaderboard(board, experiment, fmt)
 
 
 def format_leaderboard(board: dict[str, Any], experiment: str, fmt: str = "table") -> str:

@@ -111,26 +111,12 @@ def compare(
 def _search(root: Path, frame: Any, experiment: str, fmt: Format) -> bool:
     """A search's experiment: its leaderboard (analysis/search.py) instead of a table of
     every trial; False for any other experiment."""
-    from gridrun.analysis.rowtable import missing
-    from gridrun.analysis.search import format_leaderboard, leaderboard
-    from gridrun.commands.common import open_store
+    from gridrun.analysis.search import search_text
 
-    found = [r for r in frame if not missing(r.get("trial"))]
-    if not found:
+    text = search_text(root, frame, experiment, "json" if fmt is Format.json else "table")
+    if text is None:
         return False
-    first: dict[int, list[float | None]] = {}
-    with open_store(root, write=False) as store:  # every trial's result at the first rung
-        kept = store.search_results(found[0]["search"]) if found[0].get("search") else []
-    if kept:
-        epoch = min(r.epoch for r in kept)
-        for r in kept:
-            if r.epoch == epoch:
-                first.setdefault(r.trial, []).append(r.value)
-    at_first = {t: sum(v) / len(v) for t, v in first.items() if None not in v}  # type: ignore[arg-type]
-    axes = [k for k in frame.attrs.get("axes", []) if any(k in r for r in found)]
-    board = leaderboard(frame, axes, at_first or None)
-    typer.echo(format_leaderboard(board, experiment, "json" if fmt is Format.json else "table"),
-               nl=False)
+    typer.echo(text, nl=False)
     return True
 
 
