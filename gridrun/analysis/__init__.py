@@ -4,6 +4,7 @@
     experiment_frame  one experiment's rows kept between refreshes
     ablation  tables over seeds: mean, std, CI, deltas with Welch's p
     bysource  the spread of each metric by source of randomness
+    search    a search's leaderboard and its parameters' rank correlations with the metric
     tdist     Student's t, without scipy
     rowtable  plain rows that `gridrun compare` reads without pandas
     tables    the text of a table: table, csv, markdown, latex, json

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from gridrun.analysis.rowtable import RowTable
 from gridrun.runs import layout, nofollow, progress, records, runlog, states
 from gridrun.spec import RunSpec, parse_run_config
+from gridrun.spec.search import bracket_of, rungs
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -153,6 +154,8 @@ def _entry(spec: RunSpec, folder: Path | None, status: str | None,
     row["status"] = status or file_status or states.QUEUED
     row.update(zip(RUN_FIELDS, map(data.get, RUN_FIELDS), strict=True))
     row[TRACKED] = data.get("early_stop_metric")
+    if spec.trial is not None and spec.search:  # a search's trial: its rung and budget used
+        row.update(search_fields(spec, data.get("epoch")))
     for kind, prefix in KINDS.items():
         for name, value in (data.get(kind) or {}).items():
             row[prefix + name] = value
@@ -165,6 +168,19 @@ def _entry(spec: RunSpec, folder: Path | None, status: str | None,
                 elif source is provenance and not isinstance(value, dict | list | Mapping):
                     row[f"git_{key}"] = value  # the store's {"commit", "dirty", ...}
     return entry
+
+
+def search_fields(spec: RunSpec, epoch: Any) -> dict[str, Any]:
+    """trial, search, rung (0 first; None without a scheduler), epochs_used, search_metric."""
+    search = spec.search or {}
+    rung = None
+    if search.get("scheduler") and isinstance(epoch, int):
+        steps = rungs(search["min_epochs"], search["max_epochs"], search["eta"],
+                      bracket_of(spec.trial or 0, search.get("brackets", 1)))
+        rung = max(sum(1 for e in steps if e <= epoch) - 1, 0)
+    return {"trial": spec.trial, "search": search.get("id"), "rung": rung,
+            "epochs_used": epoch if isinstance(epoch, int) else 0,
+            "search_metric": search.get("metric")}
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from gridrun.analysis.ablation import AnalysisError, ablation
 from gridrun.analysis.frames import run_rows, store_runs
 from gridrun.analysis.rowtable import RowTable, missing
+from gridrun.analysis.search import search_text
 from gridrun.runs import layout, records
 
 if TYPE_CHECKING:
@@ -202,7 +203,9 @@ def comparison_text(root: str | os.PathLike, experiments: Iterable[str] | None =
     for frame in frames:
         for exp in dict.fromkeys(frame.column("experiment")):
             if names is None or exp in names:
-                parts.append(f"{exp}\n" + format_table(ablation(frame, exp)))
+                board = search_text(root, frame, exp)  # a search: its leaderboard
+                parts.append(board.rstrip("\n") + "\n" if board else
+                             f"{exp}\n" + format_table(ablation(frame, exp)))
         notes_.extend(notes(frame))
     if all(frame.empty for frame in frames):
         return ""

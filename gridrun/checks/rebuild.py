@@ -239,6 +239,9 @@ def _read_folder(run_dir: Path) -> _Found:
                                      "note": f"diverged at step {s.diverged_step} (rebuilt)"}, order)
     if status == states.OOM:
         return _Found(spec, status, {**common, "error": error, "note": "out of memory (rebuilt)"}, order)
+    if status == states.WAITING:  # a search's trial at a rung (or stopped there): decided again
+        return _Found(spec, status, {**common, "note": f"rebuilt: waiting at epoch {s.epoch} for "
+                                     "its rung's decision"}, order)
     raise ValueError(f"its summary.json says status {status!r}")
 
 

@@ -29,10 +29,11 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from gridrun import tasks
+from gridrun.checks.metriccheck import metric_problems
 from gridrun.checks.rawcheck import check_preprocess
 from gridrun.checks.switchcheck import switch_notes
 from gridrun.spec import RunSpec, format_value
-from gridrun.spec.errors import LineIndex, Problem, suggest_metric
+from gridrun.spec.errors import LineIndex, Problem
 from gridrun.spec.keys import MAX_STEPS
 from gridrun.spec.load import read_text
 from gridrun.tasks import DerivedMetricError, Task, resolve
@@ -398,9 +399,9 @@ def check_runs(runs: Sequence[RunSpec], path: str | Path,
         text = ""
     lines = LineIndex(text)
 
-    def line_of(experiment: str, key: str) -> int | None:
-        return (lines.lines.get(("experiments", experiment, key))
-                or lines.lines.get(("defaults", key)) or lines.find("experiments", experiment))
+    def line_of(experiment: str, *key: str) -> int | None:
+        return (lines.lines.get(("experiments", experiment, *key))
+                or lines.lines.get(("defaults", *key)) or lines.find("experiments", experiment, *key))
 
     problems: list[Problem] = []
     notes: list[Problem] = []
@@ -423,19 +424,7 @@ def check_runs(runs: Sequence[RunSpec], path: str | Path,
             notes += [Problem(str(path), f"note: task {c.task!r}{f' ({label})' if label else ''}: "
                               f"{message}", line=line_of(experiment, "task"), experiment=experiment)
                       for message in c.switch_notes.get(experiment, [])]
-        wrong: dict[str, Config] = {}
-        for c in mine:
-            for r in c.runs:
-                metric = r.trainer.get("early_stop_metric")
-                if r.experiment == experiment and metric and c.metrics and metric not in c.metrics:
-                    wrong.setdefault(metric, c)
-        for metric, c in wrong.items():
-            guess = suggest_metric(metric, c.metrics or {})
-            problems.append(Problem(
-                str(path), f"task {c.task!r}: early_stop_metric {metric!r} is not among its metrics "
-                f"{', '.join(map(repr, c.metrics or {}))}",
-                line=line_of(experiment, "early_stop_metric"), experiment=experiment,
-                suggestion=guess))
+        problems += metric_problems(str(path), experiment, mine, line_of)
     return Report(problems, notes, configs, time.perf_counter() - started)
 
 

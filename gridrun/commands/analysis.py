@@ -85,6 +85,9 @@ def compare(
     if by_source and by:
         fail("--by-source groups by the experiment's sources: leave out --by")
     frame = _runs(root, experiment)
+    if experiment is not None and by is None and not by_source and _search(root, frame, experiment,
+                                                                           fmt):
+        return
     if by_source:
         from gridrun.analysis.bysource import by_source as spread
         from gridrun.analysis.bysource import format_sources
@@ -103,6 +106,18 @@ def compare(
         fail(str(exc))
     typer.echo(format_table(table, fmt.value), nl=False)
     _notes([*notes(frame), *table.attrs.get("notes", [])])
+
+
+def _search(root: Path, frame: Any, experiment: str, fmt: Format) -> bool:
+    """A search's experiment: its leaderboard (analysis/search.py) instead of a table of
+    every trial; False for any other experiment."""
+    from gridrun.analysis.search import search_text
+
+    text = search_text(root, frame, experiment, "json" if fmt is Format.json else "table")
+    if text is None:
+        return False
+    typer.echo(text, nl=False)
+    return True
 
 
 def export(

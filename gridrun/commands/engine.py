@@ -297,12 +297,25 @@ def ls(root: RootOption = DEFAULT_ROOT,
     if not runs:
         typer.echo("no runs")
         return
+    # a search's trials: the rung each has reached and the epochs it used of its budget
+    search = any(r.config.get("trial") is not None and r.config.get("search") for r in runs)
     typer.echo(f"{'ID':<10}  {'STATUS':<10}  {'EXPERIMENT':<16}  {'VARIANT':<24}  SEED  "
-               f"{'BEST':<22}  NOTE")
+               + (f"{'RUNG':<4}  {'EPOCHS':<7}  " if search else "") + f"{'BEST':<22}  NOTE")
     for r in runs:
+        rung, _, used = _rung(r).partition(" e") if search else ("", "", "")
         typer.echo(f"{r.id:<10}  {r.status:<10}  {r.experiment[:16]:<16}  "
-                   f"{(r.variant or '-')[:24]:<24}  {r.seed:>4}  {_best(r.summary)[:22]:<22}  "
+                   f"{(r.variant or '-')[:24]:<24}  {r.seed:>4}  "
+                   + (f"{rung or '-':<4}  {used or '-':<7}  " if search else "")
+                   + f"{_best(r.summary)[:22]:<22}  "
                    + " · ".join(x for x in (r.where, paused if r.id in st.paused else r.note) if x))
+
+
+def _rung(run) -> str:
+    """`r1 e3/9` for a search's trial under a scheduler (spec.search.rung_label), else ""."""
+    from gridrun.spec.search import rung_label
+
+    return rung_label(run.config.get("search"), run.config.get("trial"),
+                      (run.summary or {}).get("epoch"))
 
 
 def _best(summary) -> str:

@@ -350,7 +350,8 @@ def follow(root: Path, ids: list[str], *, live: bool, interval: float = 0.5) -> 
                     if bars is not None:
                         bars.stop()
                         say(counts)
-                    return all(r.status == states.COMPLETED for r in runs)
+                    # a search's trial stopped at a rung ended as it should
+                    return all(r.status in (states.COMPLETED, states.STOPPED) for r in runs)
                 if time.monotonic() >= next_engine_check:
                     next_engine_check = time.monotonic() + 2.0
                     if not daemon.status(root).running:

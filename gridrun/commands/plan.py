@@ -84,9 +84,30 @@ def render_plan(runs) -> str:
     counts = Counter(r.experiment for r in runs)
     lines.append("")
     lines += [f"{name}: {n} run{'s' if n != 1 else ''}" for name, n in counts.items()]
+    lines += search_lines(runs)
     lines.append(f"total: {len(runs)} run{'s' if len(runs) != 1 else ''} "
                  f"in {len(counts)} experiment{'s' if len(counts) != 1 else ''}")
     return "\n".join(lines)
+
+
+def search_lines(runs) -> list[str]:
+    """One line per search: its trials, its sampler, its rungs."""
+    from gridrun.spec.search import rungs
+
+    out = []
+    for search in {r.search["id"]: r.search for r in runs if r.search}.values():
+        mine = [r for r in runs if r.search and r.search["id"] == search["id"]]
+        text = (f"{mine[0].experiment}: search {search['id']}: {search['trials']} trials "
+                f"({search['sampler']}), {len(mine)} runs")
+        if search.get("scheduler"):
+            steps = rungs(search["min_epochs"], search["max_epochs"], search["eta"])
+            text += (f"; {search['scheduler']} on {search['metric']} "
+                     f"({search.get('mode') or 'its declared direction'}): rungs at epochs "
+                     f"{', '.join(map(str, steps))}, 1/{search['eta']} promoted at each")
+            if search.get("brackets", 1) > 1:
+                text += f", {search['brackets']} brackets"
+        out.append(text)
+    return out
 
 
 def in_root(root: Path, runs) -> dict:
@@ -145,7 +166,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             out = {"runs": [
                 {"id": r.id, "experiment": r.experiment, "variant": r.variant, "ablation": r.ablation,
-                 "seed": r.seed, "task": r.task, "config": r.config} for r in runs]}
+                 "seed": r.seed, "task": r.task, "config": r.config,
+                 **({"trial": r.trial, "search": r.search["id"], "pause_at": r.pause_at}
+                    if r.search else {})} for r in runs]}
             if report is not None:
                 out["check"] = report.to_json()
             if standing is not None:

@@ -4,6 +4,8 @@ slots, telemetry, and the backends (local, ray, slurm) that launch each run.
     daemon     start, stop and the loop of the engine process
     scheduler  queued runs -> slots -> launches; exits -> run states
     endings    how a run's end becomes its state (retries, OOM, restarts, paused for space)
+    promotion  successive halving decided in trial-index order (pure functions)
+    search     a search's rung results and decisions kept in the store, then carried out
     diskspace  the "waiting for disk space" state: no launch, retry, resume by itself
     telemetry  GPU and CPU samples (NVML behind one module that never raises)
     backends/  launch a run on a slot, stream its events, cancel it

@@ -136,6 +136,9 @@ class Endings:
                       **common)
         elif status == states.COMPLETED:
             self._end(run, states.COMPLETED, note="completed", **common)
+        elif status == states.WAITING:  # a search's trial at its rung (engine/search.py decides)
+            self._end(run, states.WAITING, note=f"waiting at epoch {(summary or Summary()).epoch} "
+                      "for its rung's decision", **common)
         elif cancelling and status in (states.INTERRUPTED, None):
             self._end(run, states.CANCELLED, note="cancelled while running", **common)
         elif status == states.INTERRUPTED or (status is None and self.stopping):
@@ -160,7 +163,7 @@ class Endings:
                           summary: Summary | None) -> str | None:
         """The note of a run that stopped for want of space (it exited so, or it failed or
         died while the disk is full), or None."""
-        if status in (states.COMPLETED, states.DIVERGED, states.OOM) or (
+        if status in (states.COMPLETED, states.WAITING, states.DIVERGED, states.OOM) or (
                 status == states.INTERRUPTED and code != states.EXIT_NO_SPACE):
             return None
         own = summary if summary and (summary.ended_at or 0) >= (run.started_at or 0) else None

@@ -22,6 +22,7 @@ from gridrun.engine.backends.base import Backend, Exited, Slot
 from gridrun.engine.backends.slots import fits
 from gridrun.engine.diskspace import DiskSpace
 from gridrun.engine.endings import Active, Endings, folder_id
+from gridrun.engine.search import Searches
 from gridrun.runs import layout, space, states
 from gridrun.runs.store import FOREGROUND, Run, Store
 from gridrun.spec import write_run_config
@@ -80,12 +81,14 @@ class Engine(Endings):
         self.deferred: list[Exited] = []
         self._cut_short = False  # a wait for space just ended: look for launches it cut short
         self._next_record_try = 0.0
+        self.searches = Searches(self.store)  # a search's rung decisions (engine/search.py)
 
     # ---- the loop -------------------------------------------------------------
 
     def start(self) -> None:
         self.backend.start()
         self.recover()
+        self.searches.update()  # decisions an engine killed mid-search had not carried out
         self.started = True
         self.heartbeat()
         if self.stopping:  # asked to stop while the backend was starting: stop what was adopted
@@ -130,7 +133,9 @@ class Engine(Endings):
             if not self.stopping:
                 self.apply_intents()
                 self.launch_ready()
-            self._record(self.backend.poll(self.tick if timeout is None else timeout))
+            ended = self.backend.poll(self.tick if timeout is None else timeout)
+            self._record(ended)
+            self.searches.update(ended=bool(ended or kept))
             self.record_placements()
             self.sample_telemetry()
             self.heartbeat()

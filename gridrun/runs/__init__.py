@@ -12,6 +12,7 @@
     store       the queue in SQLite (WAL): runs, intents, telemetry
     store_db    the SQLite file: opening, schema, what a failure means (damage, full, read-only)
     store_rows  the store's rows as Python values
+    store_search  a search's tables: rung results and decisions (part of the Store)
 
 Imports `gridrun.spec` (run specs) and nothing above it; no torch. Training
 code (`gridrun.train`) may read and write the files here, never the store.

@@ -9,13 +9,18 @@ DIVERGED = "diverged"
 OOM = "oom"
 CANCELLED = "cancelled"
 INTERRUPTED = "interrupted"
+# A search's trials (engine/search.py): paused at a rung until the rung's decision, never
+# finished (it goes on or stops); stopped by the scheduler at a rung, its own ending,
+# neither failed nor cancelled.
+WAITING = "waiting"
+STOPPED = "stopped"
 
-ALL = (QUEUED, RUNNING, COMPLETED, FAILED, DIVERGED, OOM, CANCELLED, INTERRUPTED)
-FINISHED = (COMPLETED, FAILED, DIVERGED, OOM, CANCELLED)
+ALL = (QUEUED, RUNNING, COMPLETED, FAILED, DIVERGED, OOM, CANCELLED, INTERRUPTED, WAITING, STOPPED)
+FINISHED = (COMPLETED, FAILED, DIVERGED, OOM, CANCELLED, STOPPED)
 
 # Exit codes of `python -m gridrun.train.worker` and `gridrun train`.
 # 2 is left to usage errors (a bad file, a bad argument), as everywhere in the CLI.
-EXIT_CODES = {COMPLETED: 0, FAILED: 1, DIVERGED: 3, OOM: 4, INTERRUPTED: 5}
+EXIT_CODES = {COMPLETED: 0, FAILED: 1, DIVERGED: 3, OOM: 4, INTERRUPTED: 5, WAITING: 7}
 # Interrupted because a write of its own failed for want of space: the run is paused
 # (back to the queue, resumed from its last good checkpoint) and the engine waits for space.
 EXIT_NO_SPACE = 6

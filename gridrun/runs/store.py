@@ -39,6 +39,7 @@ from gridrun.runs.store_rows import (
     run_of,
     to_columns,
 )
+from gridrun.runs.store_search import SearchTables
 from gridrun.spec import RunSpec
 
 RETRYABLE = (states.FAILED, states.DIVERGED, states.OOM, states.CANCELLED)
@@ -49,7 +50,7 @@ CLAIMABLE = (states.QUEUED, states.INTERRUPTED, states.COMPLETED, *RETRYABLE)
 TELEMETRY_KEEP = 3600  # samples: an hour at 1 Hz
 REMOVED_KEEP = 10_000  # removed run ids remembered for readers (the `state` table's 'removed')
 
-class Store(Database):
+class Store(SearchTables, Database):
     """The durable queue over ROOT/gridrun.db: reading runs, queueing, intents,
     the engine's transitions, telemetry.
 
@@ -245,8 +246,9 @@ class Store(Database):
         out = {}
         with self._tx() as db:
             for run_id in ids:
-                if self._update(db, run_id, [states.QUEUED], status=states.CANCELLED,
-                                ended_at=time.time(), note="cancelled while queued"):
+                if self._update(db, run_id, [states.QUEUED, states.WAITING],
+                                status=states.CANCELLED, ended_at=time.time(),
+                                note="cancelled while it waited"):
                     self._intent(db, "cancel", run_id, outcome="cancelled")
                     out[run_id] = "cancelled"
                 elif fg := db.execute("SELECT pid FROM runs WHERE id = ? AND status = ? AND "

@@ -1,6 +1,7 @@
 """The store's SQLite file: opening it (0600, WAL), its schema and migrations,
 the one transaction shape every write uses, and what a damaged file means.
-The queue's operations on it are store.py's; nobody else speaks SQL.
+The queue's operations on it are store.py's (a search's, store_search.py's);
+nobody else speaks SQL.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from urllib.parse import quote
 
 from gridrun.runs import layout, space
+from gridrun.runs.store_search import SCHEMA as SEARCH_SCHEMA
 
 # Append only: each entry moves the schema from version i to i + 1.
 MIGRATIONS = [
@@ -53,6 +55,8 @@ MIGRATIONS = [
     """
     ALTER TABLE runs ADD COLUMN placement TEXT;
     """,
+    # searches: their trials' rung results and the decisions taken (store_search.py)
+    SEARCH_SCHEMA,
 ]
 
 

@@ -7,6 +7,8 @@ task keys imports the task factory's module (and whatever that imports).
     sources.py   the sources of randomness: their seeds (vary, pins) and switches
     keys.py      the trainer keys, the aliases users type, the check of one value
     model.py     RunSpec, ExperimentSpec, EngineConfig, run ids, config.toml
+    sobol.py     Sobol points in pure Python (Joe-Kuo directions), scrambled with a seed
+    search.py    [experiments.NAME.search]: checked, its trials' values, its rungs
     validate.py  the file's tables checked, every problem collected
     engine.py    the [engine] table checked (local, ray and slurm keys)
     expand.py    an experiment -> its runs

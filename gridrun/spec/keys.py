@@ -17,7 +17,7 @@ from gridrun.spec import sources
 from gridrun.spec.errors import nearest, printable, toml_type
 
 GPU_THREADS = 4  # threads = "auto" on a GPU run: min(this, usable cores) (train/threads.py)
-RESERVED = ("task", "grid", "zip", "ablations", "seeds")  # the matrix's own keys, not run keys
+RESERVED = ("task", "grid", "zip", "ablations", "seeds", "search")  # the matrix's own keys, not run keys
 
 # Upper bounds a real run could use: far above any real run, far below what overflows
 # (SQLite's and torch's 64-bit integers) or what would take forever to refuse.

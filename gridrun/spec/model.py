@@ -10,11 +10,14 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tomli_w
 
 from gridrun.spec.keys import in_run_id
+
+if TYPE_CHECKING:
+    from gridrun.spec.search import SearchSpec
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,12 @@ class RunSpec:
     the baseline); `axes` holds those values. `ablation` is the ablation
     variant's name ("baseline" for the baseline) or "" in an experiment
     without ablations.
+
+    A trial of a search (spec/search.py) also has its index `trial`, its search's
+    settings `search` (SearchSpec.run_config) and, under a scheduler, `pause_at`:
+    the epoch it waits at for the rung's decision. `pause_at` changes as the trial
+    is promoted and is not part of the id; none of the three is written when unset,
+    so the ids and configs of runs outside a search are what they were.
     """
 
     id: str
@@ -37,6 +46,9 @@ class RunSpec:
     task_args: Mapping[str, Any]
     axes: Mapping[str, Any]
     ablation: str = ""
+    trial: int | None = None
+    search: Mapping[str, Any] | None = None
+    pause_at: int | None = None
 
     @property
     def config(self) -> dict[str, Any]:
@@ -44,6 +56,11 @@ class RunSpec:
         return {"task": self.task, **self.trainer, **self.task_args}
 
     def to_dict(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if self.trial is not None:
+            extra.update(trial=self.trial, search=dict(self.search or {}))
+        if self.pause_at is not None:
+            extra["pause_at"] = self.pause_at
         return {
             "id": self.id,
             "experiment": self.experiment,
@@ -54,6 +71,7 @@ class RunSpec:
             "trainer": dict(self.trainer),
             "task_args": dict(self.task_args),
             "axes": dict(self.axes),
+            **extra,
         }
 
     @classmethod
@@ -62,23 +80,32 @@ class RunSpec:
             id=d["id"], experiment=d["experiment"], variant=d["variant"], seed=int(d["seed"]),
             task=d["task"], trainer=dict(d["trainer"]), task_args=dict(d.get("task_args", {})),
             axes=dict(d.get("axes", {})), ablation=d.get("ablation", ""),
+            trial=d.get("trial"), search=d.get("search") or None, pause_at=d.get("pause_at"),
         )
 
     def with_trainer(self, **changes: Any) -> RunSpec:
         """The same run (same id) with some trainer keys changed, e.g. an OOM retry."""
         return RunSpec(**{**self.__dict__, "trainer": {**self.trainer, **changes}})
 
+    def paused_at(self, epoch: int | None) -> RunSpec:
+        """The same run (same id) told to wait at `epoch` (None: train to the end)."""
+        return RunSpec(**{**self.__dict__, "pause_at": epoch})
+
 
 def run_id(experiment: str, task: str, trainer: Mapping[str, Any], task_args: Mapping[str, Any],
-           seed: int) -> str:
-    """A short content hash, independent of key order, float spelling and file location."""
-    content = {
+           seed: int, *, search: str | None = None, trial: int | None = None) -> str:
+    """A short content hash, independent of key order, float spelling and file location.
+    A search's trial adds its search's id and its index (two trials that drew the same
+    values are still two trials)."""
+    content: dict[str, Any] = {
         "experiment": experiment,
         "task": task,
         "trainer": in_run_id(trainer),
         "task_args": dict(task_args),
         "seed": seed,
     }
+    if search is not None:
+        content.update(search=search, trial=trial)
     blob = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
@@ -148,6 +175,7 @@ class ExperimentSpec:
     ablations: Mapping[str, Mapping[str, Any]]
     seeds: tuple[int, ...]
     task_defaults: Mapping[str, Any] = field(default_factory=dict)  # from the factory's signature
+    search: SearchSpec | None = None  # [experiments.NAME.search]
 
 
 def format_value(v: Any) -> str:

@@ -25,6 +25,7 @@ from gridrun.spec.keys import (
     task_signature,
 )
 from gridrun.spec.model import ExperimentSpec, format_value
+from gridrun.spec.search import SearchSpec, check_search
 
 TOP_LEVEL = ("defaults", "experiments", "engine")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -236,6 +237,8 @@ def _experiment(c: Checker, name: str, table: Any, defaults: dict[str, Any]) -> 
                 clean[key] = cleaned
         ablations[variant] = clean
 
+    search = _search(c, name, table, keys, params, {*grid, *zipped, *(k for a in ablations.values()
+                                                                     for k in a)})
     clash = sources.conflict([keys, grid, zipped, *ablations.values()])
     if clash:
         c.add(clash, *path, experiment=name, key=sources.VARY)
@@ -251,7 +254,36 @@ def _experiment(c: Checker, name: str, table: Any, defaults: dict[str, Any]) -> 
     if len(c.problems) > n_before or seeds is None:
         return None
     return ExperimentSpec(name=name, task=task, keys=keys, grid=grid, zip=zipped,
-                          ablations=ablations, seeds=seeds, task_defaults=signature.defaults)
+                          ablations=ablations, seeds=seeds, task_defaults=signature.defaults,
+                          search=search)
+
+
+def _search(c: Checker, name: str, table: dict[str, Any], keys: dict[str, Any],
+            params: dict[str, Any] | None, fixed: set[str]) -> SearchSpec | None:
+    """The experiment's `search` table checked (spec/search.py), or None."""
+    if "search" not in table:
+        return None
+    path = ("experiments", name)
+
+    def add(message: str, *where: str, key: str, suggestion: str | None = None) -> None:
+        c.add(message, *where, experiment=name, key=key, suggestion=suggestion)
+
+    def check(key: str, value: Any, where: tuple[str, ...]) -> tuple[bool, Any]:
+        return _check_key(c, name, key, value, params, where)
+
+    search = check_search(add, check, table["search"], path, fixed)
+    if search is None or not search.scheduler:
+        return search
+    for key, wanted, why in (("eval_every", 0, "a rung's result is the evaluation at the end of "
+                              "its epoch"),
+                             ("early_stop_patience", 0, "the scheduler decides which trials "
+                              "stop")):
+        if keys.get(key, wanted) != wanted:
+            where = (*path, key) if key in table else ("defaults", key)
+            c.add(f"must be {wanted} in an experiment with scheduler = \"asha\": {why}", *where,
+                  experiment=name, key=key)
+            return None
+    return search
 
 
 def check_top_level(c: Checker, data: dict[str, Any]) -> None:
@@ -275,6 +307,9 @@ def _raw_count(table: Any, defaults: dict[str, Any]) -> int:
     cells *= (lengths("zip") or [1])[0]
     ablations = table.get("ablations")
     variants = 1 + len(ablations) if isinstance(ablations, dict) and ablations else 1
+    search = table.get("search")
+    trials = search.get("trials") if isinstance(search, dict) else None
+    cells *= trials if isinstance(trials, int) and not isinstance(trials, bool) and trials > 0 else 1
     seeds = table.get("seeds", defaults.get("seeds", [0]))
     n_seeds = len(seeds) if isinstance(seeds, list) else seeds if isinstance(seeds, int) else 1
     return cells * variants * max(1, n_seeds)

@@ -40,6 +40,7 @@ class RunRow:
     ended_at: float | None = None
     note: str | None = None
     flags: tuple[str, ...] = ()  # progress.INPUT_BOUND, progress.MEMORY_CREEP
+    rungs: tuple[int, ...] = ()  # a search's trial under a scheduler: its rungs' epochs, the last max
 
 
 @dataclass(frozen=True)

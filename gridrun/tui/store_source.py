@@ -26,6 +26,7 @@ from gridrun.runs.layout import NoSuchRoot
 from gridrun.runs.progress import INPUT_BOUND, INPUT_BOUND_SHARE, Progress, fold
 from gridrun.runs.records import Summary
 from gridrun.runs.store import Run, Store
+from gridrun.spec.search import bracket_of, rungs
 from gridrun.tui.source import (
     EngineState,
     GpuRow,
@@ -51,7 +52,20 @@ def _row(run: Run) -> RunRow:
         best_direction=s.metrics.get(s.early_stop_metric or "", ""),
         samples_per_s=s.samples_per_s, slot=run.slot, queued_at=run.queued_at,
         started_at=run.started_at, ended_at=run.ended_at, note=run.note,
-        flags=(INPUT_BOUND,) if (s.data_wait or 0) > INPUT_BOUND_SHARE else ())
+        flags=(INPUT_BOUND,) if (s.data_wait or 0) > INPUT_BOUND_SHARE else (),
+        rungs=trial_rungs(run.config))
+
+
+def trial_rungs(config: Any) -> tuple[int, ...]:
+    """The epochs a search's trial pauses at, then its budget; () for any other run."""
+    search, trial = config.get("search"), config.get("trial")
+    if not isinstance(search, dict) or search.get("scheduler") != "asha" or not isinstance(trial, int):
+        return ()
+    try:
+        return tuple(rungs(search["min_epochs"], search["max_epochs"], search["eta"],
+                           bracket_of(trial, search.get("brackets", 1))))
+    except (KeyError, TypeError, ValueError):  # a config written by hand: no rungs shown
+        return ()
 
 
 def named(header: tuple[str, ...], value: str | None) -> tuple[str, ...]:

@@ -93,7 +93,11 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
             f"on {summary['device']} ({setup.precision})")
         loader = training_loader(setup)
         meter = Meter(setup, state, writer, summary, log)
-        for micro, batch in enumerate(micro_batches(loader, setup, state), start=1):
+        pause = run.pause_at if run.pause_at and run.pause_at < run.trainer["epochs"] else None
+        if pause and state.epoch >= pause:  # resumed where it waits: nothing to train yet
+            status = waiting(pause, log)
+        batches = micro_batches(loader, setup, state) if status != states.WAITING else ()
+        for micro, batch in enumerate(batches, start=1):
             meter.count(batch)
             forward_backward(setup, state, to_device(batch, device, non_blocking=loader.pin_memory),
                              probe)
@@ -124,6 +128,9 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
                 status = states.INTERRUPTED
                 log(f"interrupted at step {state.step}: checkpoint saved")
                 break
+            if pause and epoch_ended and state.epoch == pause and not validator.stop:
+                status = waiting(pause, log)  # last.pt was saved at the epoch's end
+                break
             if state.step >= setup.total or validator.stop:
                 break
 
@@ -152,6 +159,13 @@ def new_summary(run: RunSpec, started: float) -> dict[str, Any]:
         run_id=run.id, experiment=run.experiment, variant=run.variant, ablation=run.ablation,
         seed=run.seed, task=run.task, status=states.FAILED, step=0, epoch=0, started_at=started,
         torch_version=torch.__version__).to_json()
+
+
+def waiting(epoch: int, log: Callable[[str], None]) -> str:
+    """A search's trial at its rung: it waits, checkpointed, for the rung's decision and
+    goes on from that checkpoint if promoted (the same bits as never pausing)."""
+    log(f"waiting at epoch {epoch} for the search's decision: checkpoint saved")
+    return states.WAITING
 
 
 def diverged(summary: dict[str, Any], step: int, what: str, log: Callable[[str], None]) -> str:

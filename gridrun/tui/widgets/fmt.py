@@ -20,7 +20,8 @@ from gridrun.tui.source import RunRow, Verdict
 
 GLYPHS = {"queued": ("·", "dim"), "running": ("▶", "bold cyan"), "completed": ("✓", "green"),
           "failed": ("✗", "bold red"), "diverged": ("∿", "magenta"), "oom": ("!", "bold red"),
-          "cancelled": ("⊘", "dim"), "interrupted": ("↺", "yellow")}
+          "cancelled": ("⊘", "dim"), "interrupted": ("↺", "yellow"),
+          "waiting": ("‖", "yellow"), "stopped": ("∎", "dim")}
 SPARKS = "▁▂▃▄▅▆▇█"
 
 
@@ -146,7 +147,19 @@ def fraction(r: RunRow) -> float | None:
     return epoch / epochs if epochs else None
 
 
+def rung(r: RunRow) -> str:
+    """`r1 e3/9`: a search's trial at its rung (0 first), its epochs of its budget."""
+    if not r.rungs:
+        return ""
+    epoch = int(finite(r.epoch) or 0)
+    reached = sum(1 for e in r.rungs if e <= epoch)
+    return f"r{max(reached - 1, 0)} e{epoch}/{r.rungs[-1]}"
+
+
 def progress(r: RunRow) -> str:
+    if r.rungs:  # the budget a trial has used, and its rung
+        label = rung(r)
+        return f"{bar(fraction(r) or 0.0, min(8, PROGRESS_WIDTH - 1 - len(label)))} {label}"
     if finite(r.total_steps):
         label = f"{count(r.step)}/{count(r.total_steps)}"
         return f"{bar(fraction(r) or 0.0, min(8, PROGRESS_WIDTH - 1 - len(label)))} {label}"

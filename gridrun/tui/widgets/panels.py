@@ -8,7 +8,8 @@ from textual.widgets import Static
 from gridrun.tui.source import EngineState, Machine
 from gridrun.tui.widgets import fmt
 
-ORDER = ("running", "queued", "completed", "failed", "diverged", "oom", "cancelled", "interrupted")
+ORDER = ("running", "queued", "waiting", "completed", "stopped", "failed", "diverged", "oom", "cancelled",
+         "interrupted")
 
 
 class StatusHeader(Static):

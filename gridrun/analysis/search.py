@@ -1,0 +1,158 @@
+"""A search's trials as a leaderboard (`gridrun compare` on a search's experiment):
+the best trials, their values and the budget each used, and per parameter its
+Spearman rank correlation with the metric. Plain rows, no pandas."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gridrun.analysis.rowtable import RowTable, missing
+from gridrun.runs import layout, records
+
+TOP = 10
+
+
+def ranks(values: Sequence[Any]) -> list[float]:
+    """Ranks from 1, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(xs: Sequence[Any], ys: Sequence[float]) -> float | None:
+    """Spearman's rho (Pearson's r of the ranks); None below 3 pairs or with no spread."""
+    if len(xs) < 3:
+        return None
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / math.sqrt(sxx * syy) if sxx and syy else None
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def trials(table: RowTable) -> list[dict[str, Any]]:
+    """One entry per trial: its runs' (seeds') mean final metric, epochs used, state."""
+    by_trial: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for row in table:
+        if not missing(row.get("trial")):
+            by_trial[int(row["trial"])].append(row)
+    out = []
+    for trial, rows in sorted(by_trial.items()):
+        metric = rows[0].get("search_metric") or rows[0].get("tracked") or "loss"
+        values = [r.get(f"final_{metric}") for r in rows]
+        ok = [float(v) for v in values if _number(v)]
+        out.append({"trial": trial, "rows": rows, "metric": metric,
+                    "value": sum(ok) / len(ok) if len(ok) == len(rows) else None,
+                    "epochs_used": sum(int(r.get("epochs_used") or 0) for r in rows),
+                    "epochs": max(int(r.get("epochs_used") or 0) for r in rows),
+                    "rung": rows[0].get("rung"), "status": rows[0].get("status")})
+    return out
+
+
+def leaderboard(table: RowTable, axes: Iterable[str], first_rung: dict[int, float] | None = None,
+                *, mode: str | None = None, top: int = TOP) -> dict[str, Any]:
+    """The best trials first (the furthest trained, then the best metric, then the index),
+    the budget used against every trial trained to the full budget, and per parameter
+    its rank correlation with the metric (on `first_rung`, where every trial has a
+    result, when given; else on the trials' last values)."""
+    found = trials(table)
+    if not found:
+        return {}
+    metric = found[0]["metric"]
+    directions = table.attrs.get("directions") or {}
+    mode = mode or ("min" if records.direction(metric, directions) == records.LOWER else "max")
+    sign = 1 if mode == "min" else -1
+    ranked = sorted(found, key=lambda t: (-t["epochs"], t["value"] is None,
+                                          sign * (t["value"] or 0.0), t["trial"]))
+    budget = max(int(r.get("epochs") or 0) for t in found for r in t["rows"])
+    full = budget * sum(len(t["rows"]) for t in found)
+    used = sum(t["epochs_used"] for t in found)
+    correlations = {}
+    for key in axes:
+        pairs = [(t["rows"][0].get(key), first_rung[t["trial"]] if first_rung else t["value"])
+                 for t in found if (first_rung or {}).get(t["trial"], t["value"]) is not None]
+        pairs = [(x, y) for x, y in pairs if _number(x) and _number(y)]
+        rho = spearman([x for x, _ in pairs], [y for _, y in pairs])
+        correlations[key] = None if rho is None else round(rho, 3)
+    return {"metric": metric, "mode": mode, "trials": len(found), "epochs_used": used,
+            "epochs_full": full, "max_epochs": budget,
+            "on": "the first rung" if first_rung else "the last value",
+            "leaders": [{"rank": i + 1, "trial": t["trial"], "status": t["status"],
+                         "rung": t["rung"], "epochs": t["epochs"], "value": t["value"],
+                         "values": {k: t["rows"][0].get(k) for k in axes}}
+                        for i, t in enumerate(ranked[:top])],
+            "spearman": correlations}
+
+
+def first_rung(root: Any, search_id: str | None) -> dict[int, float] | None:
+    """Each trial's result at its search's first rung (the mean over its seeds), from the
+    store's kept results; None without a scheduler, a store or results."""
+    if not search_id or not (Path(root) / layout.DB_NAME).is_file():
+        return None
+    try:
+        from gridrun.runs.store import Store
+
+        with Store(root, create=False, create_store=False) as store:
+            kept = store.search_results(search_id)
+    except Exception:  # no rung results: the correlations are on the last values
+        return None
+    if not kept:
+        return None
+    epoch = min(r.epoch for r in kept)
+    at: dict[int, list[float | None]] = defaultdict(list)
+    for r in kept:
+        if r.epoch == epoch:
+            at[r.trial].append(r.value)
+    return {t: sum(v) / len(v) for t, v in at.items() if None not in v} or None  # type: ignore[arg-type]
+
+
+def search_text(root: Any, table: RowTable, experiment: str, fmt: str = "table") -> str | None:
+    """The leaderboard of `experiment` when it is a search, else None."""
+    found = [r for r in table if r.get("experiment") == experiment and not missing(r.get("trial"))]
+    if not found:
+        return None
+    mine = RowTable(found, table.columns, table.attrs)
+    axes = [k for k in table.attrs.get("axes", []) if any(k in r for r in found)]
+    board = leaderboard(mine, axes, first_rung(root, found[0].get("search")))
+    return format_leaderboard(board, experiment, fmt)
+
+
+def format_leaderboard(board: dict[str, Any], experiment: str, fmt: str = "table") -> str:
+    if fmt == "json":
+        return json.dumps(board) + "\n"
+    arrow = "↓" if board["mode"] == "min" else "↑"
+    keys = list(board["leaders"][0]["values"]) if board["leaders"] else []
+    head = ["RANK", "TRIAL", "STATUS", "RUNG", "EPOCHS", f"{board['metric']}{arrow}", *keys]
+    rows = [head] + [[str(t["rank"]), f"t{t['trial']}", str(t["status"]),
+                      "-" if t["rung"] is None else f"r{t['rung']}", str(t["epochs"]),
+                      "-" if t["value"] is None else f"{t['value']:.4g}",
+                      *(f"{v:.4g}" if isinstance(v, float) else str(v)
+                        for v in t["values"].values())] for t in board["leaders"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = [f"search {experiment}: {board['trials']} trials, the best {len(board['leaders'])}"]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    share = board["epochs_used"] / board["epochs_full"] if board["epochs_full"] else 0.0
+    lines.append(f"budget used: {board['epochs_used']:,} of {board['epochs_full']:,} epochs "
+                 f"({share:.0%}) that every trial trained to {board['max_epochs']} would take")
+    rho = ", ".join(f"{k} {'n/a' if v is None else f'{v:+.2f}'}"
+                    for k, v in board["spearman"].items())
+    if rho:
+        lines.append(f"Spearman rank correlation with {board['metric']} (on {board['on']}): {rho}")
+    return "\n".join(lines) + "\n"
