@@ -87,12 +87,18 @@ def tmux_capture(work: Path, size: tuple[int, int], keys: list[str],
     subprocess.run([*tmux, "new-session", "-d", "-s", "r", "-x", str(size[0]), "-y", str(size[1]),
                     "-c", str(work), command], check=True, timeout=30)
     try:
-        screen, deadline = "", time.monotonic() + 30
+        screen, deadline = "", time.monotonic() + 60
         while "? help" not in screen and time.monotonic() < deadline:
             time.sleep(0.2)
             screen = subprocess.run([*tmux, "capture-pane", "-p", "-t", "r"], capture_output=True,
                                     text=True, timeout=30).stdout
-        if keys:
+        if keys:  # keys sent while the first screen is still being drawn can be lost: wait till it holds still
+            last, still = "", 0
+            while still < 3 and time.monotonic() < deadline:
+                time.sleep(0.3)
+                last, screen = screen, subprocess.run([*tmux, "capture-pane", "-p", "-t", "r"],
+                                                      capture_output=True, text=True, timeout=30).stdout
+                still = still + 1 if screen == last else 0
             subprocess.run([*tmux, "send-keys", "-t", "r", *keys], timeout=30)
         while time.monotonic() < deadline:
             time.sleep(0.3)
