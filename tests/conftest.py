@@ -39,3 +39,23 @@ def stand_in_gpus():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GRIDRUN_FAKE_GPUS", "1")
         yield
+
+
+_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+@pytest.fixture(autouse=True)
+def signals_as_found(request):
+    """A test that changes this process's signal handlers (a process's `main` called in
+    process, a library that installs its own) must not hand them to every later test: a
+    SIGINT left ignored is inherited by each child started after it, which then cannot
+    be stopped with ctrl-c. Put them back, and say which test moved them."""
+    import signal
+
+    before = {name: signal.getsignal(getattr(signal, name)) for name in _SIGNALS}
+    yield
+    moved = [name for name in _SIGNALS if signal.getsignal(getattr(signal, name)) != before[name]]
+    for name in moved:
+        signal.signal(getattr(signal, name), before[name])
+    if moved and os.environ.get("GRIDRUN_TEST_SIGNALS") == "strict":
+        pytest.fail(f"{request.node.nodeid} left {', '.join(moved)} changed", pytrace=False)

@@ -157,6 +157,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def at_a_terminal() -> None:
+    """ctrl-c at a terminal reaches a process whose SIGINT is not ignored; a SIG_IGN left in
+    the test process by an earlier test would be inherited through exec (and Python keeps
+    an ignored SIGINT ignored), so the command would never see the ctrl-c sent below."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_it_starts_tensorboard_on_the_events(root, tmp_path):
     pytest.importorskip("tensorboard")
@@ -164,7 +171,7 @@ def test_it_starts_tensorboard_on_the_events(root, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "gridrun", "tensorboard", "--root", str(root),
                              "--logdir", str(logdir), "--port", str(port), "--every", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=at_a_terminal)
     try:
         assert "wrote" in proc.stdout.readline()
         assert f"http://localhost:{port}/" in proc.stdout.readline()
