@@ -9,9 +9,11 @@ import sys
 import time
 
 import pytest
+from search_kit import drained, search_runs
 from test_engine_kit import (
     TINY,
     drain,
+    engine_for,
     make_run,
     metrics_without_timing,
     prepare,
@@ -172,3 +174,21 @@ def test_a_lost_node_interrupts_and_the_run_resumes_elsewhere(backend, cluster, 
     assert [e.code for e in wait_exit(other)] == [0]
     other.close()
     assert metrics_without_timing(tmp_path, run) == metrics_without_timing(reference, run)
+
+
+def test_a_search_decides_on_ray_what_it_decides_locally(backend, tmp_path):
+    """ASHA on Ray's two slots (trials pausing at their rungs, promoted by resuming their
+    checkpoints in new Ray tasks) gives the trials, promotions, stops, winner and winner's
+    weights of the local backend: a decision depends on trial indices and rung
+    results, never on which backend finished first."""
+    from gridrun.engine.backends.local import LocalBackend
+
+    runs = search_runs(tmp_path)
+    on_ray = drained(tmp_path, Engine(tmp_path, backend, slots_for_backend(backend, None),
+                                      tick=0.1, backoff=0.05), runs)
+    local = LocalBackend()  # its fork server: the reference costs little
+    try:
+        here = drained(tmp_path / "local", engine_for(tmp_path / "local", local, slots=2), runs)
+    finally:
+        local.close()
+    assert on_ray == here

@@ -1,0 +1,77 @@
+"""A small ASHA search (9 sobol trials, rungs at 1, 3 and 9 epochs of spirals) and what
+its engine decided, for the tests that run it on each backend and compare."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from test_engine_kit import drain
+
+from gridrun.engine import promotion
+from gridrun.engine.search import decisions_of, trial_results
+from gridrun.runs.store import Store
+from gridrun.spec import load_runs
+
+SEARCH = """
+[defaults]
+seeds = 1
+batch_size = 64
+log_every = 4
+threads = 1
+
+[experiments.tune]
+task = "spirals"
+train_size = 256
+val_size = 64
+depth = 1
+
+[experiments.tune.search]
+trials = 9
+sampler = "sobol"
+seed = 7
+params.lr = { dist = "log_uniform", low = 1e-3, high = 1e-1 }
+params.hidden = { dist = "choice", values = [8, 16, 32] }
+scheduler = "asha"
+metric = "accuracy"
+min_epochs = 1
+max_epochs = 9
+eta = 3
+"""
+
+
+def search_runs(folder: Path) -> list:
+    path = folder / "search.toml"
+    path.write_text(SEARCH)
+    return load_runs(path)
+
+
+def outcome(store: Store) -> dict:
+    rows = store.list_runs()
+    sid = rows[0].config["search"]["id"]
+    decided = store.search_decisions(sid)
+    results = trial_results(rows, store.search_results(sid))
+    trials = sorted(r.config["trial"] for r in rows)
+    best = promotion.winner(trials, [1, 3, 9], results, "max")
+    by_trial = {r.config["trial"]: r for r in rows}
+    return {
+        "values": {r.config["trial"]: r.config["axes"] for r in rows},
+        "promotions": [(d.epoch, d.order, d.trial) for d in decided if d.kind == promotion.PROMOTE],
+        "stopped": sorted((d.trial, d.epoch) for d in decided if d.kind == promotion.STOP),
+        "states": {t: r.status for t, r in by_trial.items()},
+        "winner": best,
+        "weights": by_trial[best].summary["weights_sha256"],
+        # the rule again from the kept results alone: the decisions are a function of them
+        "recomputed": sorted((d.trial, d.epoch, d.kind, d.order)
+                             for d in decisions_of(rows[0].config["search"], rows,
+                                                   store.search_results(sid))),
+        "kept": sorted((d.trial, d.epoch, d.kind, d.order) for d in decided),
+    }
+
+
+def drained(root: Path, engine, runs) -> dict:
+    """The search queued at `root`, run to the end by an in-process `engine`: its outcome."""
+    with Store(root) as store:
+        store.enqueue(runs)
+        engine.start()
+        drain(engine, timeout=240)
+        return outcome(store)
