@@ -18,7 +18,8 @@ from gridrun.cli import app
 from gridrun.runs import layout, runlog
 from gridrun.runs.store import Store
 from gridrun.spec import read_run_config
-from gridrun.tui.store_source import StoreSource, named
+from gridrun.tui.store_source import StoreSource
+from gridrun.tui.store_tables import named
 
 
 def to_store(root, *, running=()):

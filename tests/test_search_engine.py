@@ -84,3 +84,16 @@ def views(root: Path, done: dict) -> None:
     used = {int(r["trial"]): (r["rung"], int(r["epochs_used"])) for r in rows}
     assert used[done["winner"]] == ("2", 9)
     assert sum(e for _, e in used.values()) == 9 + 3 * 2 + 1 * 6  # 9 at 1, 3 on to 3, 1 on to 9
+    # the interface's `v` on a trial: compare's first five, each trial's runs
+    from gridrun.tui.store_source import StoreSource
+
+    source = StoreSource(root)
+    try:
+        leaders = source.best_trials("tune", 5)
+    finally:
+        source.store.close()
+    with Store(root) as store:
+        trial_of = {r.id: r.config["trial"] for r in store.list_runs()}
+    ranked = [int(line.split()[1][1:]) for line in board.splitlines()[2:7]]
+    assert [trial_of[i] for i in leaders.ids] == ranked
+    assert (leaders.metric, leaders.mode, leaders.trials, leaders.shown) == ("accuracy", "max", 9, 5)

@@ -96,7 +96,8 @@ def leaderboard(table: RowTable, axes: Iterable[str], first_rung: dict[int, floa
             "on": "the first rung" if first_rung else "the last value",
             "leaders": [{"rank": i + 1, "trial": t["trial"], "status": t["status"],
                          "rung": t["rung"], "epochs": t["epochs"], "value": t["value"],
-                         "values": {k: t["rows"][0].get(k) for k in axes}}
+                         "values": {k: t["rows"][0].get(k) for k in axes},
+                         "runs": [r.get("id") for r in t["rows"]]}
                         for i, t in enumerate(ranked[:top])],
             "spearman": correlations}
 
@@ -123,15 +124,24 @@ def first_rung(root: Any, search_id: str | None) -> dict[int, float] | None:
     return {t: sum(v) / len(v) for t, v in at.items() if None not in v} or None  # type: ignore[arg-type]
 
 
-def search_text(root: Any, table: RowTable, experiment: str, fmt: str = "table") -> str | None:
-    """The leaderboard of `experiment` when it is a search, else None."""
+def board_of(root: Any, table: RowTable, experiment: str, *, top: int = TOP,
+             correlate: bool = True) -> dict[str, Any] | None:
+    """The leaderboard of `experiment` when it is a search, else None; `correlate`
+    False leaves the rank correlations out (they read the store's rung results)."""
     found = [r for r in table if r.get("experiment") == experiment and not missing(r.get("trial"))]
     if not found:
         return None
     mine = RowTable(found, table.columns, table.attrs)
+    if not correlate:
+        return leaderboard(mine, [], top=top)
     axes = [k for k in table.attrs.get("axes", []) if any(k in r for r in found)]
-    board = leaderboard(mine, axes, first_rung(root, found[0].get("search")))
-    return format_leaderboard(board, experiment, fmt)
+    return leaderboard(mine, axes, first_rung(root, found[0].get("search")), top=top)
+
+
+def search_text(root: Any, table: RowTable, experiment: str, fmt: str = "table") -> str | None:
+    """The leaderboard of `experiment` when it is a search, else None."""
+    board = board_of(root, table, experiment)
+    return None if board is None else format_leaderboard(board, experiment, fmt)
 
 
 def format_leaderboard(board: dict[str, Any], experiment: str, fmt: str = "table") -> str:

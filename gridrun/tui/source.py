@@ -41,6 +41,7 @@ class RunRow:
     note: str | None = None
     flags: tuple[str, ...] = ()  # progress.INPUT_BOUND, progress.MEMORY_CREEP
     rungs: tuple[int, ...] = ()  # a search's trial under a scheduler: its rungs' epochs, the last max
+    trial: int | None = None  # a search's trial: its index
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,19 @@ class Table:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class Leaders:
+    """A search's best trials as `gridrun compare` ranks them: their runs (a trial's seeds
+    side by side), best first."""
+
+    experiment: str
+    metric: str = ""
+    mode: str = ""  # "min" or "max"
+    trials: int = 0  # in the whole search
+    shown: int = 0  # trials whose runs are in `ids`
+    ids: tuple[str, ...] = ()
+
+
 class Source(Protocol):
     root: Path
 
@@ -166,6 +180,7 @@ class Source(Protocol):
     def clone(self, run_id: str, override: str) -> str: ...
     def compare(self, experiment: str) -> Table: ...
     def compare_sources(self, experiment: str) -> Table: ...
+    def best_trials(self, experiment: str, k: int) -> Leaders: ...
     def export_csv(self, experiment: str, path: str, *, force: bool = False) -> str: ...
     def export_model(self, run_id: str) -> str: ...
 
@@ -291,6 +306,25 @@ class FakeSource:
         self.actions.append(("compare_sources", experiment))
         return self._tables.get(f"{experiment} by source",
                                 Table(experiment, ("",), (), note="no sources vary"))
+
+    def best_trials(self, experiment: str, k: int) -> Leaders:
+        """Trials ranked as compare does: the furthest trained first, then the best value."""
+        by_trial: dict[int, list[RunRow]] = {}
+        for r in self.rows.values():
+            if r.experiment == experiment and r.trial is not None:
+                by_trial.setdefault(r.trial, []).append(r)
+        lower = all(r.best_direction != "higher" for rs in by_trial.values() for r in rs)
+
+        def rank(trial: int) -> tuple:
+            rows = by_trial[trial]
+            best = [r.best for r in rows if r.best is not None]
+            value = sum(best) / len(best) if best else None
+            return (-max(r.epoch for r in rows), value is None,
+                    0.0 if value is None else value if lower else -value, trial)
+        top = sorted(by_trial, key=rank)[:k]
+        metric = next((r.best_name for rs in by_trial.values() for r in rs if r.best_name), "")
+        return Leaders(experiment, metric, "min" if lower else "max", len(by_trial), len(top),
+                       tuple(r.id for t in top for r in by_trial[t]))
 
     def export_model(self, run_id: str) -> str:
         self.actions.append(("export_model", run_id))

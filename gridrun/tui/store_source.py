@@ -12,7 +12,6 @@ import json
 import math
 import subprocess
 import sys
-import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
@@ -34,11 +33,11 @@ from gridrun.tui.source import (
     Plan,
     RunDetail,
     RunRow,
-    Table,
     TaskCheck,
     Update,
     Verdict,
 )
+from gridrun.tui.store_tables import StoreTables
 
 
 def _row(run: Run) -> RunRow:
@@ -53,7 +52,8 @@ def _row(run: Run) -> RunRow:
         samples_per_s=s.samples_per_s, slot=run.slot, queued_at=run.queued_at,
         started_at=run.started_at, ended_at=run.ended_at, note=run.note,
         flags=(INPUT_BOUND,) if (s.data_wait or 0) > INPUT_BOUND_SHARE else (),
-        rungs=trial_rungs(run.config))
+        rungs=trial_rungs(run.config),
+        trial=t if isinstance(t := run.config.get("trial"), int) else None)
 
 
 def trial_rungs(config: Any) -> tuple[int, ...]:
@@ -66,16 +66,6 @@ def trial_rungs(config: Any) -> tuple[int, ...]:
                            bracket_of(trial, search.get("brackets", 1))))
     except (KeyError, TypeError, ValueError):  # a config written by hand: no rungs shown
         return ()
-
-
-def named(header: tuple[str, ...], value: str | None) -> tuple[str, ...]:
-    """The compare screen's headers say what the numbers are: `best val loss ↓`
-    (or `final loss ↓`), `val accuracy ↑ at best loss` (the metric at the tracked
-    metric's best evaluation), and `Welch p` for the test behind p."""
-    kind = "final" if value == "final" else "best val"
-    return tuple("Welch p" if h == "p" else f"{kind} {h}" if h.endswith(("↓", "↑"))
-                 and not h.startswith("Δ") else f"val {h}" if " at best " in h
-                 and not h.startswith("Δ") else h for h in header)
 
 
 class Live:
@@ -105,7 +95,7 @@ class Live:
                        samples_per_s=p.samples_per_s, flags=p.flags)
 
 
-class StoreSource:
+class StoreSource(StoreTables):
     def __init__(self, root: str | Path, *, python: str = sys.executable) -> None:
         self.root = Path(root)
         self.python = python
@@ -126,9 +116,7 @@ class StoreSource:
         self._engine: EngineState | None = None
         self._first = True  # the first poll warns of an empty store beside run folders
         self._skipped: dict[str, int] = {}  # run id -> metrics lines that were not records
-        self._compare_lock = threading.Lock()  # the compare and export workers share the frames
-        self._frames: dict[str, Any] = {}  # experiment -> experiment_frame.ExperimentFrame
-        self._shown: dict[str, tuple[Any, Table]] = {}  # experiment -> (its table, as shown)
+        StoreTables.__init__(self)
 
     # ---- polling ------------------------------------------------------------------
 
@@ -377,67 +365,4 @@ class StoreSource:
             return RunSpec.from_dict(answer["run"])
         raise ValueError("\n".join(answer.get("problems", ())) or (done.stderr or done.stdout).strip()
                          or f"the clone's check failed (exit {done.returncode})")
-
-    # ---- analysis -------------------------------------------------------------------------
-
-    def _table(self, experiment: str):
-        """The experiment's ablation table: the same object while nothing changed;
-        only runs whose store row or running log changed are read again."""
-        from gridrun.analysis import ablation as analysis
-        from gridrun.analysis import tables
-        from gridrun.analysis.experiment_frame import ExperimentFrame
-
-        with self._compare_lock:
-            frame = self._frames.setdefault(experiment, ExperimentFrame(self.root, experiment))
-            if frame.refresh(self.store) or frame.table is None:
-                frame.table = analysis.ablation(frame.rows, experiment)
-                frame.table.attrs["notes"] = tables.notes(frame.rows)  # what the readers left out
-            return frame.table
-
-    def compare(self, experiment: str) -> Table:
-        """Cells from the one formatter `gridrun compare` uses; with nothing changed
-        since the last call, the same Table (a query and a few stats)."""
-        from gridrun.analysis import ablation as analysis
-        from gridrun.analysis import tables
-
-        try:
-            t = self._table(experiment)
-        except analysis.AnalysisError as e:
-            return Table(experiment, ("",), (), note=str(e))
-        shown = self._shown.get(experiment)
-        if shown is None or shown[0] is not t:
-            c = tables.table_cells(t)
-            table = Table(experiment, named(c.header, t.attrs.get("value")), c.rows, c.best,
-                          note="\n".join([tables.legend(t, "bold:"), *t.attrs["notes"]]))
-            same = shown is not None and shown[1] == table  # e.g. a live run's log grew
-            shown = self._shown[experiment] = (t, shown[1] if same else table)
-        return shown[1]
-
-    def compare_sources(self, experiment: str) -> Table:
-        """The spread of each metric by source of randomness (`compare --by-source`'s cells)."""
-        from gridrun.analysis import bysource
-        from gridrun.analysis.ablation import AnalysisError
-        from gridrun.analysis.experiment_frame import ExperimentFrame
-
-        try:
-            with self._compare_lock:
-                frame = self._frames.setdefault(experiment, ExperimentFrame(self.root, experiment))
-                if frame.refresh(self.store):
-                    frame.table = None  # the ablation table is made again when asked
-                t = bysource.by_source(frame.rows, experiment)
-        except AnalysisError as e:
-            return Table(experiment, ("",), (), note=str(e))
-        header, rows = bysource.cells(t)
-        return Table(experiment, tuple(header), tuple(map(tuple, rows)),
-                     note=bysource.legend(t))
-
-    def export_csv(self, experiment: str, path: str, *, force: bool = False) -> str:
-        """Atomically; an existing file raises FileExistsError unless `force`, a
-        symbolic link is refused (ValueError) even then."""
-        from gridrun.analysis import export
-
-        target = Path(path).expanduser()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        export.write_frame(self._table(experiment).to_frame(), target, force=force)
-        return str(target)
 

@@ -14,7 +14,7 @@ from textual.widgets import Input
 
 from gridrun.tui import state
 from gridrun.tui.guard import refresh
-from gridrun.tui.source import ACTIVE, RETRYABLE, EngineState, Machine, RunRow
+from gridrun.tui.source import ACTIVE, RETRYABLE, EngineState, Leaders, Machine, RunRow
 from gridrun.tui.state import Saved
 from gridrun.tui.widgets import fmt
 from gridrun.tui.widgets.keys import KeyBar
@@ -29,6 +29,7 @@ KEYED = ("detail", "mark", "overlay", "cancel", "retry", "priority", "clone", "c
 FOOTER_FIRST = ("detail", "mark", "queue", "cancel", "retry", "filter", "sort", "app.help",
                 "app.quit", "overlay", "start_engine", "pause", "compare", "clone", "group")
 MUST = 9
+BEST_TRIALS = 5  # `v` on a search's trial overlays this many of its best trials
 SHORT = {"detail": "open", "queue": "queue", "filter": "find"}
 QUIT = Binding("q", "app.quit", "quit", tooltip="the engine keeps running")
 # keys whose action may not apply to the selection: pressed anyway, they say why (on_key)
@@ -41,7 +42,8 @@ class MainScreen(Screen):
     BINDINGS: ClassVar = [
         Binding("enter", "detail", "detail", priority=True),
         Binding("space", "mark", "mark"),
-        Binding("v", "overlay", "overlay"),
+        Binding("v", "overlay", "overlay", tooltip="the marked runs; none marked, on a "
+                "search's trial: its best 5"),
         Binding("a", "queue", "queue file"),
         Binding("c", "cancel", "cancel"),
         Binding("r", "retry", "retry"),
@@ -172,8 +174,8 @@ class MainScreen(Screen):
             return True if any(r.status in needs[action] for r in sel) else None
         if action in ("detail", "clone", "mark", "compare"):
             return True if sel else None
-        if action == "overlay":
-            return True if self.table.marked else None
+        if action == "overlay":  # the marked runs, or the best trials of the search under the cursor
+            return True if self.table.marked or (sel and sel[0].trial is not None) else None
         if action == "start_engine":
             return None if self.engine is None or self.engine.running else True
         return True
@@ -201,7 +203,8 @@ class MainScreen(Screen):
                      "r retries failed, diverged, out-of-memory or cancelled runs",
             "priority": f"{what}{' queued' * (len(sel) > 1)}: priority orders the queue, "
                         "so only queued runs have one to change",
-            "overlay": "mark runs with space first: v overlays the marked runs' curves",
+            "overlay": "mark runs with space first: v overlays the marked runs' curves "
+                       "(on a search's trial, its search's best trials)",
         }.get(action, "not available here")
 
     def action_detail(self) -> None:
@@ -218,7 +221,26 @@ class MainScreen(Screen):
 
     def action_overlay(self) -> None:
         from gridrun.tui.screens.overlay import OverlayScreen
-        self.app.push_screen(OverlayScreen([self.table.runs[i] for i in self.table.selection]))
+        if self.table.marked:
+            self.app.push_screen(OverlayScreen([self.table.runs[i] for i in self.table.selection]))
+        elif (run := self.table.current) is not None and run.trial is not None:
+            self.overlay_best(run.experiment)
+
+    @work(thread=True, group="actions", exit_on_error=False)
+    def overlay_best(self, experiment: str) -> None:
+        """The leaderboard reads every trial's results: off the interface's thread."""
+        leaders = self.app.source.best_trials(experiment, BEST_TRIALS)
+        self.app.call_from_thread(self._show_best, leaders)
+
+    def _show_best(self, leaders: Leaders) -> None:
+        from gridrun.tui.screens.overlay import OverlayScreen
+        rows = [row for i in leaders.ids if (row := self.table.runs.get(i)) is not None]
+        if not rows:
+            self.notify(f"no trial of {leaders.experiment} has a result yet", timeout=4)
+            return
+        arrow = {"min": " ↓", "max": " ↑"}.get(leaders.mode, "")
+        self.app.push_screen(OverlayScreen(rows, f"the best {leaders.shown} of {leaders.trials} "
+                                                 f"trials by {leaders.metric}{arrow}"))
 
     def action_queue(self) -> None:
         from gridrun.tui.screens.dialogs import QueueScreen

@@ -1,4 +1,5 @@
-"""Marked runs' curves overlaid in one plot (`v`), the legend naming each run."""
+"""Marked runs' curves overlaid in one plot (`v`), the legend naming each run; on a
+search's trial with nothing marked, the search's best trials as compare ranks them."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ class OverlayScreen(Smoothing, Screen):
         QUIT,
     ]
 
-    def __init__(self, runs: list[RunRow]) -> None:
+    def __init__(self, runs: list[RunRow], caption: str = "") -> None:
         super().__init__()
-        self.runs = runs
+        self.runs, self.caption = runs, caption  # caption: what chose the runs, when not marks
         self.data = {r.id: CurveData() for r in runs}
         self.chosen: str | None = None  # set by `m`; until then the validation metric
         self.log_scale = False
@@ -73,7 +74,8 @@ class OverlayScreen(Smoothing, Screen):
         series = {f"{fmt.text(r.variant or r.experiment, 28)} seed {fmt.text(r.seed)} "
                   f"({fmt.text(r.id)[:6]})": self.data[r.id].series.get(self.metric, [])
                   for r in self.runs}
-        self.query_one(Curves).draw(f"{self.metric}{UNITS.get(self.metric, '')}", series,
+        title = f"{self.metric}{UNITS.get(self.metric, '')}"
+        self.query_one(Curves).draw(f"{title}  ·  {self.caption}" if self.caption else title, series,
                                     log=self.log_scale,
                                     smoothing=0.0 if self.metric == "lr" else self.smoothing)
 
