@@ -31,3 +31,16 @@ async def test_detail_curves_label_steps_keep_the_legend_outside_and_w_switches_
         await pilot.press("w")
         await pilot.pause()
         assert "seconds since start" in plot.render().plain
+
+
+def test_a_long_legend_takes_lines_up_to_a_third_of_the_plot_and_says_what_is_left_out():
+    from rich.text import Text
+
+    plot = Curves()
+    plot.entries = tuple(Text(f"━━ t{i} lr=0.0{i} hidden={i * 16} seed 0 ({i:06x})")
+                         for i in range(1, 7))
+    lines = [line.plain for line in plot.legend_lines(81, 2)]  # two entries to a line
+    assert len(lines) == 2 and all(len(line) <= 81 for line in lines)
+    assert lines[0] == "━━ t1 lr=0.01 hidden=16 seed 0 (000001)   ━━ t2 lr=0.02 hidden=32 seed 0 (000002)"
+    assert lines[1].startswith("━━ t3 ") and lines[1].endswith("…")  # t5 and t6 are left out
+    assert [line.plain.count("━━") for line in plot.legend_lines(130, 2)] == [3, 3]

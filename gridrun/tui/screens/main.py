@@ -42,8 +42,7 @@ class MainScreen(Screen):
     BINDINGS: ClassVar = [
         Binding("enter", "detail", "detail", priority=True),
         Binding("space", "mark", "mark"),
-        Binding("v", "overlay", "overlay", tooltip="the marked runs; none marked, on a "
-                "search's trial: its best 5"),
+        Binding("v", "overlay", "overlay", tooltip="or a search's best 5 trials"),
         Binding("a", "queue", "queue file"),
         Binding("c", "cancel", "cancel"),
         Binding("r", "retry", "retry"),
@@ -240,7 +239,8 @@ class MainScreen(Screen):
             return
         arrow = {"min": " ↓", "max": " ↑"}.get(leaders.mode, "")
         self.app.push_screen(OverlayScreen(rows, f"the best {leaders.shown} of {leaders.trials} "
-                                                 f"trials by {leaders.metric}{arrow}"))
+                                                 f"trials by {leaders.metric}{arrow}",
+                                           f"val {leaders.metric}" if leaders.metric else None))
 
     def action_queue(self) -> None:
         from gridrun.tui.screens.dialogs import QueueScreen

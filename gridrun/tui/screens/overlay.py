@@ -31,11 +31,11 @@ class OverlayScreen(Smoothing, Screen):
         QUIT,
     ]
 
-    def __init__(self, runs: list[RunRow], caption: str = "") -> None:
+    def __init__(self, runs: list[RunRow], caption: str = "", metric: str | None = None) -> None:
         super().__init__()
         self.runs, self.caption = runs, caption  # caption: what chose the runs, when not marks
         self.data = {r.id: CurveData() for r in runs}
-        self.chosen: str | None = None  # set by `m`; until then the validation metric
+        self.chosen = metric  # set by `m`; until then this, or the validation metric
         self.log_scale = False
 
     @property

@@ -89,6 +89,7 @@ class Curves(PlotextPlot):
     """A plot of named series, redrawn only when told (`draw`)."""
 
     legend: Text | None = None  # drawn under the plot, never over the data
+    entries: tuple[Text, ...] = ()  # the legend's entries, packed into lines to fit the width
 
     def draw(self, title: str, series: dict[str, Series], *, log: bool = False,
              right: tuple[str, ...] = (), smoothing: float = 0.0,
@@ -101,7 +102,7 @@ class Curves(PlotextPlot):
         plt.title(title)
         width = max(10, self.size.width - 10)
         drawn = False
-        legend = Text()
+        legend, entries = Text(), []
         xs: list[float] = []
         ys: dict[str, list[float]] = {"left": [], "right": []}
         for i, (name, points) in enumerate(series.items()):
@@ -109,7 +110,9 @@ class Curves(PlotextPlot):
             side = "right" if name in right else "left"
             if not raw:
                 continue
-            legend.append("━━ ", style=RICH[color]).append(f"{name}   ")
+            entry = Text("━━ ", style=RICH[color]).append(name)
+            legend.append(entry).append("   ")
+            entries.append(entry)
             xs += (raw[0][0], raw[-1][0])
             ys[side] += (min(p[1] for p in raw), max(p[1] for p in raw))
             if smoothing > 0 and name not in plain:
@@ -130,7 +133,7 @@ class Curves(PlotextPlot):
             if values and not log:
                 ticks = nice_ticks(min(values), max(values), 4)
                 plt.yticks(ticks, [tick_label(t) for t in ticks], yside=side)
-        self.legend = legend if legend.plain else None
+        self.legend, self.entries = (legend if legend.plain else None), tuple(entries)
         if log and drawn:
             plt.yscale("log")
             if right:
@@ -141,15 +144,31 @@ class Curves(PlotextPlot):
             plt.title(f"{title}  (smoothing {smoothing:g})")
         self.refresh()
 
+    def legend_lines(self, width: int, most: int) -> list[Text]:
+        """The entries packed into at most `most` lines of `width`; what does not fit
+        ends the last line in an ellipsis."""
+        lines: list[Text] = []
+        for entry in self.entries:
+            if lines and lines[-1].cell_len + 3 + entry.cell_len <= width:
+                lines[-1].append("   ").append(entry)
+            elif len(lines) < most:
+                lines.append(entry.copy())
+            else:
+                lines[-1].append("   …")
+                break
+        for line in lines:
+            line.truncate(width, overflow="ellipsis")
+        return lines
+
     def render(self):
-        """The plot, one line shorter, and its legend on that line (outside the data)."""
-        legend, height = self.legend, self.size.height
-        if legend is None or height < 4:
+        """The plot, shortened by as many lines as its legend takes (at most a third
+        of the height), and the legend under it (outside the data)."""
+        height = self.size.height
+        if self.legend is None or height < 4:
             return super().render()
+        legend = self.legend_lines(self.size.width, max(1, height // 3))
         plot = self.plt
-        plot_size(plot, self.size.width, height - 1)
+        plot_size(plot, self.size.width, height - len(legend))
         plot.theme(self._get_plotext_theme_name(self.app.theme))
         out = Text.from_ansi(plot.build().rstrip("\n"))
-        legend = legend.copy()
-        legend.truncate(self.size.width, overflow="ellipsis")
-        return Text("\n").join([out, legend])
+        return Text("\n").join([out, *legend])
