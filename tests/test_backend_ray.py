@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from search_kit import drained, search_runs
+from search_kit import SMALL, drained, search_runs
 from test_engine_kit import (
     TINY,
     drain,
@@ -177,13 +177,14 @@ def test_a_lost_node_interrupts_and_the_run_resumes_elsewhere(backend, cluster, 
 
 
 def test_a_search_decides_on_ray_what_it_decides_locally(backend, tmp_path):
-    """ASHA on Ray's two slots (trials pausing at their rungs, promoted by resuming their
-    checkpoints in new Ray tasks) gives the trials, promotions, stops, winner and winner's
+    """A small ASHA search (4 trials, rungs at 1, 2 and 4 epochs) on Ray's two slots
+    (trials pausing at their rungs, promoted by resuming their checkpoints in new Ray
+    tasks) gives the trials, promotions, stops, winner and winner's
     weights of the local backend: a decision depends on trial indices and rung
     results, never on which backend finished first."""
     from gridrun.engine.backends.local import LocalBackend
 
-    runs = search_runs(tmp_path)
+    runs = search_runs(tmp_path, SMALL)
     on_ray = drained(tmp_path, Engine(tmp_path, backend, slots_for_backend(backend, None),
                                       tick=0.1, backoff=0.05), runs)
     local = LocalBackend()  # its fork server: the reference costs little
@@ -191,4 +192,5 @@ def test_a_search_decides_on_ray_what_it_decides_locally(backend, tmp_path):
         here = drained(tmp_path / "local", engine_for(tmp_path / "local", local, slots=2), runs)
     finally:
         local.close()
+    assert len(on_ray["promotions"]) == 2 + 1 and len(on_ray["stopped"]) == 3  # 4 -> 2 -> 1
     assert on_ray == here

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_engine_kit import TINY, make_run, metrics_without_timing, wait_for
+from search_kit import SMALL, drained, search_runs
+from test_engine_kit import TINY, engine_for, make_run, metrics_without_timing, wait_for
 
 from gridrun.engine import daemon
 from gridrun.engine.backends import slurm_job
@@ -434,3 +435,19 @@ def test_a_whole_queue_inside_one_allocation(cluster, tmp_path):
     assert any(b[0] < a[1] for a, b in itertools.pairwise(spans))
     assert not any(c[0] < a[1] and c[0] < b[1]
                    for a, b, c in zip(spans, spans[1:], spans[2:], strict=False))
+
+
+def test_a_search_decides_on_slurm_what_it_decides_locally(cluster, tmp_path):
+    """A small ASHA search (4 trials, rungs at 1, 2 and 4 epochs), each trial's stretch to
+    its rung a SLURM job (a promotion resumes from the checkpoint in a new job), gives
+    the trials, promotions, stops, winner and winner's weights of the local backend."""
+    runs = search_runs(tmp_path, SMALL)
+    _, engine = slurm(tmp_path, max_jobs=4, gpus_per_run=0)
+    on_slurm = drained(tmp_path, engine, runs)
+    local = LocalBackend()  # its fork server: the reference costs little
+    try:
+        here = drained(tmp_path / "local", engine_for(tmp_path / "local", local, slots=2), runs)
+    finally:
+        local.close()
+    assert len(on_slurm["promotions"]) == 2 + 1 and len(on_slurm["stopped"]) == 3  # 4 -> 2 -> 1
+    assert on_slurm == here
