@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from collections import deque
@@ -263,25 +264,26 @@ class StoreSource(StoreTables):
         return "queue paused: running runs finish, nothing new starts" if paused else "queue resumed"
 
     def _gridrun(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        # plain usage errors: a rich box drawn for an 80-column pipe breaks a long path apart
+        env = {**os.environ, "TYPER_USE_RICH": "0"}
         return subprocess.run([self.python, "-m", "gridrun", *args], capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env)
 
     def start_engine(self) -> str:
         done = self._gridrun("engine", "start", "--root", str(self.root))
         return (done.stdout or done.stderr).strip() or "engine started"
 
     def plan(self, path: str) -> Plan:
-        target = Path(path).expanduser()
-        if not target.exists():
-            return Plan(path, errors=f"{path}: no such file")
-        if target.is_dir():
-            return Plan(path, errors=f"{path} is a folder: give an experiment file (TOML)")
+        if problem := _not_a_file(path):
+            return Plan(path, errors=problem)
         done = self._gridrun("plan", "--json", path)
         if done.returncode != 0:
             return Plan(path, errors=(done.stderr or done.stdout).strip() or "invalid file")
         return Plan(path, runs=tuple(json.loads(done.stdout)["runs"]))
 
     def check_tasks(self, path: str) -> TaskCheck:
+        if problem := _not_a_file(path):
+            return TaskCheck(path, error=problem)
         try:
             done = self._gridrun("plan", "--check", "--json", path)
         except subprocess.TimeoutExpired as e:
@@ -366,3 +368,12 @@ class StoreSource(StoreTables):
         raise ValueError("\n".join(answer.get("problems", ())) or (done.stderr or done.stdout).strip()
                          or f"the clone's check failed (exit {done.returncode})")
 
+
+def _not_a_file(path: str) -> str:
+    """Why `path` cannot be an experiment file, in one line ('' when it can be)."""
+    target = Path(path).expanduser()
+    if not target.exists():
+        return f"{path}: no such file"
+    if target.is_dir():
+        return f"{path} is a folder: give an experiment file (TOML)"
+    return ""

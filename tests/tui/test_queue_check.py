@@ -32,8 +32,12 @@ def test_the_real_source_reports_the_check_of_a_file(tmp_path):
     good = tmp_path / "good.toml"
     good.write_text(BAD.replace("renamed_metric", "good"))
     assert src.check_tasks(str(good)).ok
-    missing = src.check_tasks(str(tmp_path / "nope.toml"))
-    assert not missing.ok and "nope.toml" in missing.error
+    # a long path: the command's usage error must come back whole, not wrapped in a box
+    nowhere = tmp_path / ("a-folder-with-a-long-name-" * 4) / "nope.toml"
+    missing = src.check_tasks(str(nowhere))
+    assert not missing.ok and missing.error == f"{nowhere}: no such file"
+    folder = src.check_tasks(str(tmp_path))
+    assert not folder.ok and "\n" not in folder.error and str(tmp_path) in folder.error
 
 
 @pytest.mark.slow
