@@ -193,3 +193,17 @@ def test_many_processes_open_and_close_a_new_store_at_once(tmp_path):
         assert [p.exitcode for p in procs] == [0] * 4
         with Store(root) as s:
             assert s.list_runs() == []
+
+
+def test_config_has_keeps_the_search_trials_of_a_store_of_grid_runs(store, tmp_path):
+    """The engine's search pass asks for `"asha"` configs only: the grid runs beside a
+    search are never parsed, and every trial is found."""
+    from search_kit import search_runs
+
+    from gridrun.engine.search import SCHEDULER, scheduled
+
+    trials = search_runs(tmp_path)
+    store.enqueue([make_run(seed=s) for s in range(20)] + trials)
+    found = store.list_runs(config_has=f'"{SCHEDULER}"')
+    assert sorted(r.id for r in found) == sorted(r.id for r in trials)
+    assert all(scheduled(r) for r in found)

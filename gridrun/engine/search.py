@@ -30,10 +30,13 @@ ENDED = (states.FAILED, states.DIVERGED, states.OOM, states.CANCELLED)
 EVERY = 2.0  # seconds: a look at the searches even when no run ended (a retry, a cancel)
 
 
+SCHEDULER = "asha"
+
+
 def scheduled(run: Run) -> dict[str, Any] | None:
     """The search settings of a run that is a trial under a scheduler, else None."""
     search = run.config.get("search")
-    if isinstance(search, dict) and search.get("scheduler") == "asha" \
+    if isinstance(search, dict) and search.get("scheduler") == SCHEDULER \
             and isinstance(run.config.get("trial"), int):
         return search
     return None
@@ -114,7 +117,9 @@ class Searches:
             return 0
         self._next = now + EVERY
         by_search: dict[str, list[Run]] = defaultdict(list)
-        for run in self.store.list_runs():
+        # only configs that name the scheduler are parsed: a store of many grid runs costs
+        # one scan in SQLite, not a JSON parse per run, each time a run ends
+        for run in self.store.list_runs(config_has=f'"{SCHEDULER}"'):
             search = scheduled(run)
             if search is not None:
                 by_search[search["id"]].append(run)

@@ -77,8 +77,11 @@ class Store(SearchTables, Database):
     # ---- reading --------------------------------------------------------------
 
     def list_runs(self, *, status: str | Iterable[str] | None = None,
-                  experiment: str | None = None, ids: Iterable[str] | None = None) -> list[Run]:
-        """Runs in queue order (priority, then first in)."""
+                  experiment: str | None = None, ids: Iterable[str] | None = None,
+                  config_has: str | None = None) -> list[Run]:
+        """Runs in queue order (priority, then first in); `config_has` keeps those whose
+        config's JSON text contains it (a cheap superset for a caller that checks the
+        parsed config: only the rows kept are parsed)."""
         where, args = [], []
         for column, value in (("status", status), ("id", ids)):
             if value is not None:
@@ -88,6 +91,9 @@ class Store(SearchTables, Database):
         if experiment is not None:
             where.append("experiment = ?")
             args.append(experiment)
+        if config_has is not None:
+            where.append("instr(config, ?) > 0")
+            args.append(config_has)
         sql = "SELECT * FROM runs" + (f" WHERE {' AND '.join(where)}" if where else "")
         with self._lock:
             rows = self._db.execute(sql + " ORDER BY priority DESC, queued_at, rowid", args).fetchall()
