@@ -147,22 +147,37 @@ def search_text(root: Any, table: RowTable, experiment: str, fmt: str = "table")
 def format_leaderboard(board: dict[str, Any], experiment: str, fmt: str = "table") -> str:
     if fmt == "json":
         return json.dumps(board) + "\n"
+    head, rows = leaderboard_cells(board)
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = [f"search {experiment}: {board['trials']} trials, the best {len(board['leaders'])}"]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+              for r in [head, *rows]]
+    return "\n".join([*lines, *leaderboard_notes(board)]) + "\n"
+
+
+METRIC_COLUMN = 5  # where leaderboard_cells puts the metric
+
+
+def leaderboard_cells(board: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The leaderboard's header and rows as text: one formatter for the CLI and the interface."""
     arrow = "↓" if board["mode"] == "min" else "↑"
     keys = list(board["leaders"][0]["values"]) if board["leaders"] else []
     head = ["RANK", "TRIAL", "STATUS", "RUNG", "EPOCHS", f"{board['metric']}{arrow}", *keys]
-    rows = [head] + [[str(t["rank"]), f"t{t['trial']}", str(t["status"]),
-                      "-" if t["rung"] is None else f"r{t['rung']}", str(t["epochs"]),
-                      "-" if t["value"] is None else f"{t['value']:.4g}",
-                      *(f"{v:.4g}" if isinstance(v, float) else str(v)
-                        for v in t["values"].values())] for t in board["leaders"]]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = [f"search {experiment}: {board['trials']} trials, the best {len(board['leaders'])}"]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    rows = [[str(t["rank"]), f"t{t['trial']}", str(t["status"]),
+             "-" if t["rung"] is None else f"r{t['rung']}", str(t["epochs"]),
+             "-" if t["value"] is None else f"{t['value']:.4g}",
+             *(f"{v:.4g}" if isinstance(v, float) else str(v) for v in t["values"].values())]
+            for t in board["leaders"]]
+    return head, rows
+
+
+def leaderboard_notes(board: dict[str, Any]) -> list[str]:
+    """The budget the search used and each parameter's rank correlation with the metric."""
     share = board["epochs_used"] / board["epochs_full"] if board["epochs_full"] else 0.0
-    lines.append(f"budget used: {board['epochs_used']:,} of {board['epochs_full']:,} epochs "
-                 f"({share:.0%}) that every trial trained to {board['max_epochs']} would take")
+    lines = [f"budget used: {board['epochs_used']:,} of {board['epochs_full']:,} epochs "
+             f"({share:.0%}) that every trial trained to {board['max_epochs']} would take"]
     rho = ", ".join(f"{k} {'n/a' if v is None else f'{v:+.2f}'}"
                     for k, v in board["spearman"].items())
     if rho:
         lines.append(f"Spearman rank correlation with {board['metric']} (on {board['on']}): {rho}")
-    return "\n".join(lines) + "\n"
+    return lines

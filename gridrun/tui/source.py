@@ -139,13 +139,15 @@ class TaskCheck:
 
 @dataclass(frozen=True)
 class Table:
-    """A ready-to-show ablation table: text cells, and the cells to highlight."""
+    """A ready-to-show ablation table (or a search's leaderboard): text cells, and the
+    cells to highlight."""
 
     experiment: str
     columns: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
     best: frozenset[tuple[int, int]] = frozenset()
     note: str = ""
+    kind: str = "ablation"  # or "leaderboard": a search's trials, best first
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""The compare screen's tables of a store: the ablation table, the spread by source,
-a search's best trials and the CSV export, each from the experiment's rows kept
+"""The compare screen's tables of a store: the ablation table (a search's leaderboard
+for a search), the spread by source, a search's best trials and the CSV export, each from the experiment's rows kept
 between refreshes (analysis/experiment_frame.py). Called from action workers."""
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class StoreTables:
         self._compare_lock = threading.Lock()  # the compare and export workers share the frames
         self._frames: dict[str, Any] = {}  # experiment -> experiment_frame.ExperimentFrame
         self._shown: dict[str, tuple[Any, Table]] = {}  # experiment -> (its table, as shown)
+        self._boards: dict[str, tuple[Any, Table | None]] = {}  # experiment -> (rows, board)
 
     def _table(self, experiment: str):
         """The experiment's ablation table: the same object while nothing changed;
@@ -49,11 +50,15 @@ class StoreTables:
             return frame.table
 
     def compare(self, experiment: str) -> Table:
-        """Cells from the one formatter `gridrun compare` uses; with nothing changed
-        since the last call, the same Table (a query and a few stats)."""
+        """Cells from the one formatter `gridrun compare` uses (for a search, its
+        leaderboard of every trial); with nothing changed since the last call, the
+        same Table (a query and a few stats)."""
         from gridrun.analysis import ablation as analysis
         from gridrun.analysis import tables
 
+        board = self._board(experiment)
+        if board is not None:
+            return board
         try:
             t = self._table(experiment)
         except analysis.AnalysisError as e:
@@ -66,6 +71,30 @@ class StoreTables:
             same = shown is not None and shown[1] == table  # e.g. a live run's log grew
             shown = self._shown[experiment] = (t, shown[1] if same else table)
         return shown[1]
+
+    def _board(self, experiment: str) -> Table | None:
+        """A search's leaderboard, every trial best first; None for any other experiment."""
+        from gridrun.analysis import search
+        from gridrun.analysis.experiment_frame import ExperimentFrame
+
+        with self._compare_lock:
+            frame = self._frames.setdefault(experiment, ExperimentFrame(self.root, experiment))
+            frame.refresh(self.store)  # a change also drops frame.table: made again when asked
+            rows = frame.rows
+            kept = self._boards.get(experiment)
+            if kept is not None and kept[0] is rows:
+                return kept[1]
+        board = search.board_of(self.root, rows, experiment, top=len(rows))
+        table = None
+        if board and board["leaders"]:
+            head, cells = search.leaderboard_cells(board)
+            note = [f"search {experiment}: {board['trials']} trials, best first",
+                    *search.leaderboard_notes(board)]
+            table = Table(experiment, tuple(head), tuple(map(tuple, cells)),
+                          frozenset({(0, search.METRIC_COLUMN)}), note="\n".join(note),
+                          kind="leaderboard")
+        self._boards[experiment] = (rows, table)
+        return table
 
     def compare_sources(self, experiment: str) -> Table:
         """The spread of each metric by source of randomness (`compare --by-source`'s cells)."""

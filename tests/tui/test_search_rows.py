@@ -16,7 +16,7 @@ TRIALS = [("running", 2, 30), ("waiting", 3, 45), ("stopped", 1, 15), ("complete
 ACCURACY = [0.7, 0.81, 0.9, 0.77, None, 0.79]  # a stopped trial's may beat a promoted one's
 
 
-def search_source() -> FakeSource:
+def search_source(tables: dict | None = None) -> FakeSource:
     rows = tuple(RunRow(id=f"{i:010x}", experiment="tune", variant=f"t{i} lr=0.001 hidden=16",
                         seed=0, status=status, step=step, total_steps=135, epoch=epoch, epochs=9,
                         train_loss=0.5, best=ACCURACY[i], best_name="accuracy",
@@ -30,7 +30,7 @@ def search_source() -> FakeSource:
                      for e in range(1, r.epoch + 1)] for r in rows}
     return FakeSource([Update(runs=rows, engine=EngineState(True, False, counts),
                               machine=Machine(cpu_percent=10.0, ram_used=1e9, ram_total=8e9))],
-                      metrics=curves)
+                      metrics=curves, tables=tables)
 
 
 def test_rung_labels():
@@ -101,3 +101,27 @@ async def test_v_on_a_run_of_no_search_with_nothing_marked_says_what_to_do(make_
         assert app.screen is app.main
         await until(pilot, lambda: any("mark runs with space first" in str(n.message)
                                        for n in app._notifications))
+
+
+@aio
+async def test_t_on_a_trial_shows_the_searchs_leaderboard():
+    """The compare screen titles a search's table as its leaderboard, not an ablation
+    table, and bolds the winner's metric."""
+    from gridrun.tui.app import GridrunApp
+    from gridrun.tui.screens.compare import CompareScreen
+    from gridrun.tui.source import Table
+
+    board = Table("tune", ("RANK", "TRIAL", "STATUS", "RUNG", "EPOCHS", "accuracy↑", "lr"),
+                  (("1", "t3", "completed", "r2", "9", "0.77", "0.001"),
+                   ("2", "t1", "waiting", "r1", "3", "0.81", "0.001")),
+                  frozenset({(0, 5)}), note="budget used: 12 of 54 epochs (22%)",
+                  kind="leaderboard")
+    app = GridrunApp(search_source({"tune": board}), clock=lambda: demo.NOW, live=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("t")
+        await until(pilot, lambda: isinstance(app.screen, CompareScreen)
+                    and app.screen.shown is not None)
+        title = str(app.screen.query_one("#title").render())
+        assert title.startswith(" search: tune  (every trial, best first")
+        assert "budget used" in str(app.screen.query_one("#note").render())

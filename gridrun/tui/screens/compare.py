@@ -1,5 +1,6 @@
-"""`t`: the live ablation table of an experiment; `e` exports it as CSV; `s` shows
-the spread of each metric by source of randomness instead (`compare --by-source`)."""
+"""`t`: the live ablation table of an experiment (a search's leaderboard for a search);
+`e` exports the ablation table as CSV; `s` shows the spread of each metric by source
+of randomness instead (`compare --by-source`)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ class CompareScreen(Screen):
     def title_text(self) -> str:
         if self.by_source:
             return f" compare by source: {self.experiment}  (s: the ablation table; refreshes live)"
+        if self.shown is not None and self.shown.kind == "leaderboard":
+            return f" search: {self.experiment}  (every trial, best first; refreshes live)"
         return f" compare: {self.experiment}  (best per column in bold; refreshes live)"
 
     def compose(self) -> ComposeResult:
@@ -71,6 +74,7 @@ class CompareScreen(Screen):
         if t == self.shown:
             return
         self.shown = t
+        self.query_one("#title", Static).update(self.title_text())
         row = dt.cursor_row
         dt.clear(columns=True)
         dt.add_columns(*t.columns)
