@@ -81,6 +81,10 @@ def test_asha_trains_every_trial_under_the_full_budget(tmp_path):
     assert rungs(1, 9, 3) == [1, 3, 9] and rungs(1, 10, 3) == [1, 3, 9, 10]
     assert rungs(1, 9, 3, bracket=1) == [3, 9]
     assert rung_label(runs[0].search, 0, 3) == "r1 e3/9"
+    # best.pt and a trial's best value follow the searched metric, unless the file says
+    assert {r.trainer["early_stop_metric"] for r in runs} == {"accuracy"}
+    own = text.replace("epochs = 2\n", 'epochs = 2\nearly_stop_metric = "loss"\n')
+    assert {r.trainer["early_stop_metric"] for r in load_runs(write(tmp_path, own))} == {"loss"}
 
 
 @pytest.mark.parametrize("body, line, words", [

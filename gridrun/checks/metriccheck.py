@@ -24,9 +24,10 @@ def metric_problems(file: str, experiment: str, configs: Sequence[Any],
             if r.experiment != experiment:
                 continue
             metric = r.trainer.get("early_stop_metric")
-            if metric and metric not in c.metrics:
-                wrong.setdefault(("early_stop_metric", metric), c)
             search = r.search or {}
+            # a search's metric is early_stop_metric too, unless set: said once, as the search's
+            if metric and metric not in c.metrics and metric != search.get("metric"):
+                wrong.setdefault(("early_stop_metric", metric), c)
             if search.get("metric") and search["metric"] not in c.metrics:
                 wrong.setdefault(("search.metric", search["metric"]), c)
     problems = []

@@ -94,7 +94,7 @@ TRAINER_KEYS: dict[str, Key] = {k.name: k for k in [
     Key("early_stop_patience", "integer", 0, "stop after this many evaluations without improvement (0: off)",
         min=0, max=MAX_STEPS),
     Key("early_stop_metric", "string", "", "validation metric for early stopping and best.pt "
-        "(empty: the task's first metric)"),
+        "(empty: the task's first metric; under a search's scheduler, its metric)"),
     Key("deterministic", "boolean", True, "deterministic algorithms (bitwise-reproducible on CUDA)"),
     Key("threads", 'integer or "auto"', "auto", "CPU threads the run computes with (auto: the "
         f"cores this process may use; a GPU run min({GPU_THREADS}, those)); recorded, and "

@@ -283,6 +283,8 @@ def _search(c: Checker, name: str, table: dict[str, Any], keys: dict[str, Any],
             c.add(f"must be {wanted} in an experiment with scheduler = \"asha\": {why}", *where,
                   experiment=name, key=key)
             return None
+    # best.pt and a trial's best value follow the metric the search ranks by, unless set
+    keys.setdefault("early_stop_metric", search.metric)
     return search
 
 
