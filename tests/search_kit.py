@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_engine_kit import drain
+from test_engine_kit import drain, engine_for
 
 from gridrun.engine import promotion
 from gridrun.engine.search import decisions_of, trial_results
@@ -84,3 +84,15 @@ def drained(root: Path, engine, runs) -> dict:
         engine.start()
         drain(engine, timeout=240)
         return outcome(store)
+
+
+def decided_locally(folder: Path, runs) -> dict:
+    """The same search on the local backend with 2 slots in `folder`: the reference
+    another backend's outcome must equal."""
+    from gridrun.engine.backends.local import LocalBackend
+
+    local = LocalBackend()  # its fork server: the reference costs little
+    try:
+        return drained(folder, engine_for(folder, local, slots=2), runs)
+    finally:
+        local.close()

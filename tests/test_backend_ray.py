@@ -9,11 +9,10 @@ import sys
 import time
 
 import pytest
-from search_kit import SMALL, drained, search_runs
+from search_kit import SMALL, decided_locally, drained, search_runs
 from test_engine_kit import (
     TINY,
     drain,
-    engine_for,
     make_run,
     metrics_without_timing,
     prepare,
@@ -182,15 +181,9 @@ def test_a_search_decides_on_ray_what_it_decides_locally(backend, tmp_path):
     tasks) gives the trials, promotions, stops, winner and winner's
     weights of the local backend: a decision depends on trial indices and rung
     results, never on which backend finished first."""
-    from gridrun.engine.backends.local import LocalBackend
-
     runs = search_runs(tmp_path, SMALL)
     on_ray = drained(tmp_path, Engine(tmp_path, backend, slots_for_backend(backend, None),
                                       tick=0.1, backoff=0.05), runs)
-    local = LocalBackend()  # its fork server: the reference costs little
-    try:
-        here = drained(tmp_path / "local", engine_for(tmp_path / "local", local, slots=2), runs)
-    finally:
-        local.close()
+    here = decided_locally(tmp_path / "local", runs)
     assert len(on_ray["promotions"]) == 2 + 1 and len(on_ray["stopped"]) == 3  # 4 -> 2 -> 1
     assert on_ray == here

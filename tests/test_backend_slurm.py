@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from search_kit import SMALL, drained, search_runs
-from test_engine_kit import TINY, engine_for, make_run, metrics_without_timing, wait_for
+from search_kit import SMALL, decided_locally, drained, search_runs
+from test_engine_kit import TINY, make_run, metrics_without_timing, wait_for
 
 from gridrun.engine import daemon
 from gridrun.engine.backends import slurm_job
@@ -444,10 +444,6 @@ def test_a_search_decides_on_slurm_what_it_decides_locally(cluster, tmp_path):
     runs = search_runs(tmp_path, SMALL)
     _, engine = slurm(tmp_path, max_jobs=4, gpus_per_run=0)
     on_slurm = drained(tmp_path, engine, runs)
-    local = LocalBackend()  # its fork server: the reference costs little
-    try:
-        here = drained(tmp_path / "local", engine_for(tmp_path / "local", local, slots=2), runs)
-    finally:
-        local.close()
+    here = decided_locally(tmp_path / "local", runs)
     assert len(on_slurm["promotions"]) == 2 + 1 and len(on_slurm["stopped"]) == 3  # 4 -> 2 -> 1
     assert on_slurm == here
