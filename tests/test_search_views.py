@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gridrun.analysis.rowtable import RowTable
-from gridrun.analysis.search import format_leaderboard, leaderboard, ranks, spearman
+from gridrun.analysis.search import leaderboard, ranks, spearman
+from gridrun.analysis.tables import format_leaderboard
 
 
 def test_spearman_and_ranks():
@@ -36,3 +37,32 @@ def test_the_leaderboard_ranks_the_furthest_trained_first_then_the_metric():
     assert "RANK  TRIAL  STATUS     RUNG  EPOCHS  accuracy↑  lr" in text
     assert "budget used: 19 of 45 epochs (42%)" in text
     assert "Spearman rank correlation with accuracy (on the first rung): lr +0.80" in text
+
+
+def test_every_compare_format_of_a_leaderboard_is_that_format():
+    """`gridrun compare SEARCH --format csv|markdown|latex` (the aligned table came out
+    whatever the format): CSV with the values at full precision, markdown and LaTeX tables
+    with the winner's metric in bold and the budget line as text or a comment."""
+    import csv
+    import io
+
+    rows = [row(0, "stopped", 1, 0.912345678, 0.1), row(1, "completed", 9, 0.7, 0.012345678)]
+    table = RowTable(rows, list(rows[0]), {"directions": {"accuracy": "higher"}})
+    board = leaderboard(table, ["lr"])
+    parsed = list(csv.DictReader(io.StringIO(format_leaderboard(board, "tune", "csv"))))
+    assert [list(r.values()) for r in parsed] == [["1", "1", "completed", "2", "9", "0.7",
+                                                   "0.012345678"],
+                                                  ["2", "0", "stopped", "0", "1", "0.912345678",
+                                                   "0.1"]]
+    assert list(parsed[0]) == ["rank", "trial", "status", "rung", "epochs", "accuracy", "lr"]
+    md = format_leaderboard(board, "tune", "markdown").splitlines()
+    assert md[0] == "| RANK | TRIAL | STATUS | RUNG | EPOCHS | accuracy↑ | lr |"
+    assert md[1] == "|---|---|---|---|---|---|---|"
+    assert md[2] == "| 1 | t1 | completed | r2 | 9 | **0.7** | 0.01235 |"
+    assert md[-3] == "" and md[-2].startswith("budget used: 10 of 18 epochs")
+    tex = format_leaderboard(board, "tune", "latex")
+    assert r"RANK & TRIAL & STATUS & RUNG & EPOCHS & accuracy$\uparrow$ & lr \\" in tex
+    assert r"1 & t1 & completed & r2 & 9 & \textbf{0.7} & 0.01235 \\" in tex
+    assert "% budget used: 10 of 18 epochs" in tex and tex.rstrip().endswith(r"\end{tabular}")
+    with pytest.raises(ValueError, match="unknown format 'xml'"):
+        format_leaderboard(board, "tune", "xml")

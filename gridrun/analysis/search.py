@@ -1,10 +1,10 @@
 """A search's trials as a leaderboard (`gridrun compare` on a search's experiment):
 the best trials, their values and the budget each used, and per parameter its
-Spearman rank correlation with the metric. Plain rows, no pandas."""
+Spearman rank correlation with the metric. Plain rows, no pandas; its formats are
+in analysis/tables.py with the ablation table's."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -136,23 +136,6 @@ def board_of(root: Any, table: RowTable, experiment: str, *, top: int = TOP,
         return leaderboard(mine, [], top=top)
     axes = [k for k in table.attrs.get("axes", []) if any(k in r for r in found)]
     return leaderboard(mine, axes, first_rung(root, found[0].get("search")), top=top)
-
-
-def search_text(root: Any, table: RowTable, experiment: str, fmt: str = "table") -> str | None:
-    """The leaderboard of `experiment` when it is a search, else None."""
-    board = board_of(root, table, experiment)
-    return None if board is None else format_leaderboard(board, experiment, fmt)
-
-
-def format_leaderboard(board: dict[str, Any], experiment: str, fmt: str = "table") -> str:
-    if fmt == "json":
-        return json.dumps(board) + "\n"
-    head, rows = leaderboard_cells(board)
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = [f"search {experiment}: {board['trials']} trials, the best {len(board['leaders'])}"]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-              for r in [head, *rows]]
-    return "\n".join([*lines, *leaderboard_notes(board)]) + "\n"
 
 
 METRIC_COLUMN = 5  # where leaderboard_cells puts the metric

@@ -1,8 +1,11 @@
-"""Ablation tables as text: one cell formatter for the CLI and the interface, and
-the formats `gridrun compare` prints (table, csv, markdown, latex, json)."""
+"""Ablation tables (and a search's leaderboard) as text: one cell formatter for the
+CLI and the interface, and the formats `gridrun compare` prints (table, csv,
+markdown, latex, json)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import os
@@ -13,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from gridrun.analysis.ablation import AnalysisError, ablation
 from gridrun.analysis.frames import run_rows, store_runs
 from gridrun.analysis.rowtable import RowTable, missing
-from gridrun.analysis.search import search_text
+from gridrun.analysis.search import METRIC_COLUMN, board_of, leaderboard_cells, leaderboard_notes
 from gridrun.runs import layout, records
 
 if TYPE_CHECKING:
@@ -182,6 +185,53 @@ def format_table(table: RowTable | pd.DataFrame, fmt: str = "table") -> str:
         out += [" & ".join(r) + r" \\" for r in rows]
         out += [r"\bottomrule", r"\end{tabular}"]
         return "\n".join(out) + "\n"
+    raise AnalysisError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
+
+
+def search_text(root: Any, table: RowTable, experiment: str, fmt: str = "table") -> str | None:
+    """The leaderboard of `experiment` when it is a search, else None."""
+    board = board_of(root, table, experiment)
+    return None if board is None else format_leaderboard(board, experiment, fmt)
+
+
+def format_leaderboard(board: dict[str, Any], experiment: str, fmt: str = "table") -> str:
+    """A search's leaderboard in each of compare's formats: csv holds the values at
+    full precision, the others the cells and the budget (and correlation) lines."""
+    if fmt == "json":
+        return json.dumps(board) + "\n"
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        keys = list(board["leaders"][0]["values"]) if board["leaders"] else []
+        writer.writerow(["rank", "trial", "status", "rung", "epochs", board["metric"], *keys])
+        writer.writerows([t["rank"], t["trial"], t["status"], t["rung"], t["epochs"], t["value"],
+                          *t["values"].values()] for t in board["leaders"])
+        return out.getvalue()
+    head, rows = leaderboard_cells(board)
+    below = leaderboard_notes(board)
+    if fmt == "table":
+        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+        lines = [f"search {experiment}: {board['trials']} trials, "
+                 f"the best {len(board['leaders'])}"]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                  for r in [head, *rows]]
+        return "\n".join([*lines, *below]) + "\n"
+    if fmt == "markdown":
+        bold = [[f"**{c}**" if (i, j) == (0, METRIC_COLUMN) else c for j, c in enumerate(r)]
+                for i, r in enumerate(rows)]
+        lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in bold]
+        return "\n".join([*lines, "", *below]) + "\n"
+    if fmt == "latex":
+        symbols = {"↓": r"$\downarrow$", "↑": r"$\uparrow$"}
+        head = ["".join(symbols.get(ch, ch) for ch in _latex_escape(h)) for h in head]
+        cells = [[f"\\textbf{{{_latex_escape(c)}}}" if (i, j) == (0, METRIC_COLUMN)
+                  else _latex_escape(c) for j, c in enumerate(r)] for i, r in enumerate(rows)]
+        lines = [f"% search {experiment}", *(f"% {line}" for line in below),
+                 r"\begin{tabular}{lllrr" + "r" * (len(head) - 5) + "}", r"\toprule",
+                 " & ".join(head) + r" \\", r"\midrule", *(" & ".join(r) + r" \\" for r in cells),
+                 r"\bottomrule", r"\end{tabular}"]
+        return "\n".join(lines) + "\n"
     raise AnalysisError(f"unknown format {fmt!r}: choose one of {', '.join(FORMATS)}")
 
 

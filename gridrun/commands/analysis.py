@@ -111,9 +111,9 @@ def compare(
 def _search(root: Path, frame: Any, experiment: str, fmt: Format) -> bool:
     """A search's experiment: its leaderboard (analysis/search.py) instead of a table of
     every trial; False for any other experiment."""
-    from gridrun.analysis.search import search_text
+    from gridrun.analysis.tables import search_text
 
-    text = search_text(root, frame, experiment, "json" if fmt is Format.json else "table")
+    text = search_text(root, frame, experiment, fmt.value)
     if text is None:
         return False
     typer.echo(text, nl=False)
