@@ -92,12 +92,17 @@ def views(root: Path, done: dict) -> None:
         leaders = source.best_trials("tune", 5)
         shown = source.compare("tune")  # `t`: the leaderboard, every trial, as compare prints it
         assert source.compare("tune") is shown  # nothing changed: the same table
+        written = source.export_csv("tune", str(root / "board.csv"))  # `e`: what `t` shows
     finally:
         source.store.close()
     assert shown.kind == "leaderboard" and len(shown.rows) == 9
     printed = [line.split() for line in board.splitlines()[1:11] if line.strip()]
     assert [list(shown.columns), *map(list, shown.rows[:len(printed) - 1])] == printed
     assert shown.best == {(0, 5)} and "budget used: 21 of 81 epochs" in shown.note
+    with open(written) as f:
+        exported = list(csv.DictReader(f))
+    assert [f"t{r['trial']}" for r in exported] == [r[1] for r in shown.rows]
+    assert float(exported[0]["accuracy"]) == pytest.approx(float(shown.rows[0][5]), rel=1e-3)
     with Store(root) as store:
         trial_of = {r.id: r.config["trial"] for r in store.list_runs()}
     ranked = [int(line.split()[1][1:]) for line in board.splitlines()[2:7]]

@@ -34,6 +34,7 @@ class StoreTables:
         self._frames: dict[str, Any] = {}  # experiment -> experiment_frame.ExperimentFrame
         self._shown: dict[str, tuple[Any, Table]] = {}  # experiment -> (its table, as shown)
         self._boards: dict[str, tuple[Any, Table | None]] = {}  # experiment -> (rows, board)
+        self._leaders: dict[str, dict[str, Any] | None] = {}  # experiment -> its board, as data
 
     def _table(self, experiment: str):
         """The experiment's ablation table: the same object while nothing changed;
@@ -85,6 +86,7 @@ class StoreTables:
             if kept is not None and kept[0] is rows:
                 return kept[1]
         board = search.board_of(self.root, rows, experiment, top=len(rows))
+        self._leaders[experiment] = board
         table = None
         if board and board["leaders"]:
             head, cells = search.leaderboard_cells(board)
@@ -130,11 +132,16 @@ class StoreTables:
                        tuple(i for t in leaders for i in t["runs"]))
 
     def export_csv(self, experiment: str, path: str, *, force: bool = False) -> str:
-        """Atomically; an existing file raises FileExistsError unless `force`, a
-        symbolic link is refused (ValueError) even then."""
-        from gridrun.analysis import export
+        """What `compare` shows as CSV (a search's leaderboard at full precision, else the
+        ablation table), atomically; an existing file raises FileExistsError unless
+        `force`, a symbolic link is refused (ValueError) even then."""
+        from gridrun.analysis import export, tables
 
         target = Path(path).expanduser()
         target.parent.mkdir(parents=True, exist_ok=True)
+        if self._board(experiment) is not None:  # a search: the leaderboard `t` shows
+            with export.atomic_file(target, force=force) as f:
+                f.write(tables.format_leaderboard(self._leaders[experiment], experiment, "csv"))
+            return str(target)
         export.write_frame(self._table(experiment).to_frame(), target, force=force)
         return str(target)

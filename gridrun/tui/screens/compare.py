@@ -1,5 +1,5 @@
 """`t`: the live ablation table of an experiment (a search's leaderboard for a search);
-`e` exports the ablation table as CSV; `s` shows the spread of each metric by source
+`e` exports what it shows as CSV; `s` shows the spread of each metric by source
 of randomness instead (`compare --by-source`)."""
 
 from __future__ import annotations
