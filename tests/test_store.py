@@ -207,3 +207,25 @@ def test_config_has_keeps_the_search_trials_of_a_store_of_grid_runs(store, tmp_p
     found = store.list_runs(config_has=f'"{SCHEDULER}"')
     assert sorted(r.id for r in found) == sorted(r.id for r in trials)
     assert all(scheduled(r) for r in found)
+
+
+def test_a_rewritten_config_keeps_the_order_it_was_queued_in(store, tmp_path):
+    """A promoted trial's config (rewritten by the engine) keeps its keys in the order
+    of the queued one: the file's order of its searched keys, which compare's columns
+    follow (sorted keys in promoted trials only made the columns' order depend on
+    which trial's folder came first)."""
+    from search_kit import search_runs
+
+    from gridrun.analysis.frames import load_rows
+
+    trial = search_runs(tmp_path)[0]
+    store.enqueue([trial])
+    queued = list(store.get_run(trial.id).config["axes"])
+    assert queued == list(trial.axes) and queued != sorted(queued)
+    assert store.transition(trial.id, states.QUEUED, states.RUNNING)
+    assert store.transition(trial.id, states.RUNNING, states.WAITING)
+    assert store.transition(trial.id, states.WAITING, states.QUEUED,
+                            config=trial.paused_at(3).to_dict())
+    assert list(store.get_run(trial.id).config["axes"]) == queued
+    assert list(store.get_run(trial.id).config) == list(trial.to_dict())
+    assert load_rows(store.root).attrs["axes"] == queued

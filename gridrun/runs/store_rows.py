@@ -111,8 +111,11 @@ def dumps(value: Any) -> str | None:
 
 def to_columns(fields: dict[str, Any]) -> dict[str, Any]:
     """Fields as their columns hold them: JSON ones (summary, config, adjustments,
-    provenance) may be given as Python values, `fresh` as a bool."""
-    for key in ("summary", "config", "adjustments", "provenance", "placement"):
+    provenance) may be given as Python values, `fresh` as a bool; keys sorted, but a
+    config's in its own order (a search's keys as the file lists them)."""
+    if isinstance(fields.get("config"), dict):  # as enqueue writes it: the file's key order
+        fields["config"] = json.dumps(fields["config"])
+    for key in ("summary", "adjustments", "provenance", "placement"):
         if key in fields and not isinstance(fields[key], str | None):
             fields[key] = dumps(list(fields[key]) if key == "adjustments" else fields[key])
     if "fresh" in fields:
