@@ -6,12 +6,13 @@ same winner and the winner's same weights."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from pathlib import Path
 
 import pytest
 from search_kit import drained, outcome, search_runs
-from test_engine_kit import engine_for, finished, wait_for
+from test_engine_kit import drain, engine_for, finished, wait_for
 
 from gridrun.engine import daemon
 from gridrun.runs import states
@@ -28,6 +29,28 @@ def in_process(root: Path, backend, runs, slots: int) -> dict:
     return drained(root, engine_for(root, backend, slots=slots), runs)
 
 
+def rebuilt_and_decided_again(done: Path, root: Path, backend) -> dict:
+    """A finished search's folders whose store is lost, rebuilt by `doctor --rebuild`:
+    its trials come back waiting at their last rung (stopped ones too), the rung
+    results come back from the folders' logs, and the engine decides again what it
+    had decided (it waited forever for the results of the rungs trials had passed)."""
+    from typer.testing import CliRunner
+
+    from gridrun.checks.rebuild import rebuild
+    from gridrun.cli import app
+
+    shutil.copytree(done, root, ignore=shutil.ignore_patterns("gridrun.db*", "engine.*"))
+    rebuild(root)
+    board = CliRunner().invoke(app, ["compare", "tune", "--root", str(root)])
+    assert board.exit_code == 0 and board.output.startswith("search tune: 9 trials"), board.output
+    with Store(root) as store:
+        assert {r.status for r in store.list_runs()} == {states.WAITING, states.COMPLETED}
+        engine = engine_for(root, backend, slots=2)
+        engine.start()
+        drain(engine, timeout=240)
+        return outcome(store)
+
+
 @pytest.mark.slow
 def test_one_slot_two_slots_and_a_killed_engine_decide_the_same(tmp_path, backend, runs):
     one = in_process(tmp_path / "one", backend, runs, 1)
@@ -38,6 +61,7 @@ def test_one_slot_two_slots_and_a_killed_engine_decide_the_same(tmp_path, backen
     views(tmp_path / "one", one)
     two = in_process(tmp_path / "two", backend, runs, 2)
     assert two == one
+    assert rebuilt_and_decided_again(tmp_path / "one", tmp_path / "rebuilt", backend) == one
 
     root = tmp_path / "killed"
     with Store(root) as store:

@@ -66,3 +66,16 @@ def test_every_compare_format_of_a_leaderboard_is_that_format():
     assert "% budget used: 10 of 18 epochs" in tex and tex.rstrip().endswith(r"\end{tabular}")
     with pytest.raises(ValueError, match="unknown format 'xml'"):
         format_leaderboard(board, "tune", "xml")
+
+
+def test_rank_correlations_on_a_first_rung_some_trials_lack():
+    """First-rung results kept for some trials only (a store rebuilt from the folders,
+    before the engine ran): the correlation is over the trials that have one, no crash."""
+    rows = [row(0, "completed", 9, 0.9, 0.1), row(1, "waiting", 1, 0.7, 0.01),
+            row(2, "waiting", 1, 0.8, 0.001), row(3, "waiting", 1, 0.6, 0.003),
+            row(4, "waiting", 1, 0.5, 0.0001)]
+    table = RowTable(rows, list(rows[0]), {"directions": {"accuracy": "higher"}})
+    board = leaderboard(table, ["lr"], {1: 0.7, 2: 0.8, 3: 0.6, 4: 0.5})
+    assert board["leaders"][0]["trial"] == 0
+    assert board["spearman"]["lr"] == pytest.approx(spearman([0.01, 0.001, 0.003, 0.0001],
+                                                             [0.7, 0.8, 0.6, 0.5]))

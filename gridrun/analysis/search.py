@@ -85,9 +85,9 @@ def leaderboard(table: RowTable, axes: Iterable[str], first_rung: dict[int, floa
     full = budget * sum(len(t["rows"]) for t in found)
     used = sum(t["epochs_used"] for t in found)
     correlations = {}
-    for key in axes:
-        pairs = [(t["rows"][0].get(key), first_rung[t["trial"]] if first_rung else t["value"])
-                 for t in found if (first_rung or {}).get(t["trial"], t["value"]) is not None]
+    for key in axes:  # over the trials with a result there (a rebuilt store may lack some)
+        pairs = [(t["rows"][0].get(key), first_rung.get(t["trial"]) if first_rung else t["value"])
+                 for t in found]
         pairs = [(x, y) for x, y in pairs if _number(x) and _number(y)]
         rho = spearman([x for x, _ in pairs], [y for _, y in pairs])
         correlations[key] = None if rho is None else round(rho, 3)

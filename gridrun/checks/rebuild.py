@@ -41,6 +41,7 @@ class Rebuilt:
     restored: dict[str, int] = field(default_factory=dict)  # status -> runs
     resumes: int = 0  # queued runs that resume from a checkpoint
     stopped: int = 0  # stopped mid-run: restored as cancelled, `gridrun retry` resumes them
+    rung_results: int = 0  # a search's results at the rungs its trials passed, from their logs
     skipped: list[tuple[Path, str]] = field(default_factory=list)
 
 
@@ -147,6 +148,7 @@ def _build(root: Path, found: list[_Found], out: Rebuilt) -> None:
             out.restored[f.status] = out.restored.get(f.status, 0) + 1
             out.resumes += f.status == states.QUEUED and "checkpoint" in f.fields["note"]
             out.stopped += "stopped mid-run" in f.fields["note"]
+        out.rung_results = _restore_rung_results(store, root, found)
         problems = store.check(full=True)
         if problems:
             raise RuntimeError(f"the new store fails SQLite's integrity check: {problems[0]}")
@@ -155,6 +157,37 @@ def _build(root: Path, found: list[_Found], out: Rebuilt) -> None:
     if wal.exists() and wal.stat().st_size:
         raise RuntimeError(f"{wal} still holds writes that did not reach the new store")
     _fsync(building)
+
+
+def _restore_rung_results(store: Any, root: Path, found: list[_Found]) -> int:
+    """Each search trial's result at every rung it passed, read back from its metrics log
+    (the evaluation at that epoch's end), as the engine kept them while the trials
+    paused: without them a rebuilt search waits forever for its rungs' decisions, and
+    with them the engine takes the decisions it had taken (they are a function of
+    these results). How many were kept."""
+    import math
+
+    from gridrun.runs.store_search import RungResult
+    from gridrun.spec.search import bracket_of, rungs
+
+    kept = 0
+    for f in found:
+        spec, search = f.spec, f.spec.search or {}
+        if spec.trial is None or search.get("scheduler") != "asha" \
+                or f.status not in (states.WAITING, states.COMPLETED):
+            continue
+        steps = rungs(search["min_epochs"], search["max_epochs"], search["eta"],
+                      bracket_of(spec.trial, search.get("brackets", 1)))
+        at: dict[int, Any] = {}  # epoch -> the metric at its end (a resumed log repeats: last)
+        for line in runlog.read_all(layout.run_dir(root, spec.experiment, spec.id) / layout.METRICS):
+            if line.get("split") == "val" and line.get("epoch") in steps:
+                at[line["epoch"]] = line.get(search["metric"])
+        results = [RungResult(spec.id, spec.trial, epoch, float(value) if isinstance(
+                       value, int | float) and math.isfinite(value) else None)
+                   for epoch, value in sorted(at.items())]
+        store.add_search(search["id"], spec.experiment, search)
+        kept += store.record_results(search["id"], results)
+    return kept
 
 
 def _swap(db: Path, building: Path) -> list[Path]:

@@ -48,6 +48,7 @@ def _rebuild(root, force: bool, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps({"moved": [str(p) for p in out.moved], "restored": out.restored,
                                "resumes": out.resumes, "stopped": out.stopped,
+                               "rung_results": out.rung_results,
                                "skipped": [{"folder": str(p), "why": why} for p, why in out.skipped]}))
         return
     if out.moved:
@@ -55,6 +56,9 @@ def _rebuild(root, force: bool, as_json: bool) -> None:
     total = sum(out.restored.values())
     typer.echo(f"restored {total} run{'s' * (total != 1)}"
                + (": " + ", ".join(f"{n} {s}" for s, n in sorted(out.restored.items())) if total else ""))
+    if out.rung_results:
+        typer.echo(f"{out.rung_results} rung results of search trials read back from their logs: "
+                   "the engine decides the waiting trials again as it had")
     if out.resumes:
         typer.echo(f"{out.resumes} queued run{'s' * (out.resumes != 1)} resume from a checkpoint "
                    f"when the engine starts (`gridrun engine start --root {root}`)")
