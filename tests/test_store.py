@@ -229,3 +229,29 @@ def test_a_rewritten_config_keeps_the_order_it_was_queued_in(store, tmp_path):
     assert list(store.get_run(trial.id).config["axes"]) == queued
     assert list(store.get_run(trial.id).config) == list(trial.to_dict())
     assert load_rows(store.root).attrs["axes"] == queued
+
+
+def test_a_refused_retry_says_why_and_what_to_do(store, tmp_path):
+    """`gridrun retry` of a run that cannot be retried names its state, why, and for a
+    trial the search stopped, how its values train on."""
+    from search_kit import search_runs
+
+    trial, other = search_runs(tmp_path)[:2]
+    done = make_run(seed=3)
+    store.enqueue([trial, other, done])
+    for run_id, path in ((trial.id, [states.RUNNING, states.WAITING, states.STOPPED]),
+                         (other.id, [states.RUNNING, states.WAITING]),
+                         (done.id, [states.RUNNING, states.COMPLETED])):
+        before = states.QUEUED
+        for status in path:
+            assert store.transition(run_id, before, status)
+            before = status
+    said = store.retry([trial.id, other.id, done.id])
+    assert said[trial.id].startswith("not retried: it is stopped: its search stopped it at a "
+                                     "rung, a decision that stands")
+    assert "as an experiment of their own" in said[trial.id]
+    assert said[other.id] == "not retried: it is waiting: for its search's decision at its rung"
+    assert said[done.id].startswith("not retried: it is completed: ")
+    assert store.retry(["nope"])["nope"] == "not retried: it is unknown"
+    assert {r.status for r in store.list_runs()} == {states.STOPPED, states.WAITING,
+                                                     states.COMPLETED}

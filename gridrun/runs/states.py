@@ -26,3 +26,14 @@ EXIT_CODES = {COMPLETED: 0, FAILED: 1, DIVERGED: 3, OOM: 4, INTERRUPTED: 5, WAIT
 EXIT_NO_SPACE = 6
 STATUS_OF_EXIT = {**{code: status for status, code in EXIT_CODES.items()},
                   EXIT_NO_SPACE: INTERRUPTED}
+
+# why `gridrun retry` leaves a run as it is, and what to do instead
+NOT_RETRIED = {
+    QUEUED: "it waits for a slot already",
+    RUNNING: "it is training (`gridrun cancel` it first to start it over)",
+    WAITING: "for its search's decision at its rung",
+    COMPLETED: "it ended well; `gridrun retry` is for runs that failed, diverged, ran out of "
+               "memory or were cancelled",
+    STOPPED: "its search stopped it at a rung, a decision that stands; to train its values "
+             "to the end, set them (its variant) as an experiment of their own",
+}

@@ -288,7 +288,9 @@ class Store(SearchTables, Database):
                     self._intent(db, "retry", run_id, outcome="queued")
                     out[run_id] = "queued"
                 else:
-                    out[run_id] = f"not retried: it is {row[0] if row else 'unknown'}"
+                    why = states.NOT_RETRIED.get(row[0]) if row else None
+                    out[run_id] = f"not retried: it is {row[0] if row else 'unknown'}" + (
+                        f": {why}" if why else "")
         return out
 
     def remove(self, ids: Iterable[str]) -> dict[str, str]:
