@@ -135,3 +135,35 @@ def test_a_root_others_can_read_is_used_with_one_warning_and_left_alone(tmp_path
     quiet = subprocess.run([sys.executable, "-m", "gridrun", "ls", "--root", str(root)],
                            capture_output=True, text=True, timeout=60)
     assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def test_ls_on_a_terminal_cuts_each_line_at_its_width(small, tmp_path):
+    """Piped, `ls` writes whole lines (for grep); on a terminal each line ends at the
+    terminal's width with `…`, never wrapped over the next rows."""
+    queued = CliRunner().invoke(app, ["queue", str(small), "--no-check", "--root",
+                                      str(tmp_path / "runs")])
+    assert queued.exit_code == 0, queued.output
+    piped = subprocess.run([sys.executable, "-m", "gridrun", "ls", "--root", "runs"],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    whole = piped.stdout.splitlines()
+    assert len(whole) == 3 and whole[0].split() == ["ID", "STATUS", "EXPERIMENT", "VARIANT",
+                                                    "SEED", "BEST", "NOTE"]
+    assert max(map(len, whole)) > 40
+    master, slave = pty.openpty()
+    proc = subprocess.run([sys.executable, "-m", "gridrun", "ls", "--root", "runs"], cwd=tmp_path,
+                          stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "COLUMNS": "40"}, timeout=60)
+    os.close(slave)
+    got = b""
+    while select.select([master], [], [], 0.2)[0]:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        got += chunk
+    os.close(master)
+    shown = got.decode().replace("\r\n", "\n").splitlines()
+    assert proc.returncode == 0 and len(shown) == 3
+    assert shown == [line if len(line) <= 40 else line[:39] + "…" for line in whole]

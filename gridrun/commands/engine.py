@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -279,6 +280,7 @@ def ls(root: RootOption = DEFAULT_ROOT,
        experiment: Annotated[str | None, typer.Option(help="Only this experiment.",
                                                      metavar="NAME")] = None) -> None:
     """List runs in queue order."""
+    from gridrun.commands.follow import run_lines
     from gridrun.engine import daemon
     from gridrun.runs import states
 
@@ -297,36 +299,12 @@ def ls(root: RootOption = DEFAULT_ROOT,
     if not runs:
         typer.echo("no runs")
         return
-    # a search's trials: the rung each has reached and the epochs it used of its budget
-    search = any(r.config.get("trial") is not None and r.config.get("search") for r in runs)
-    typer.echo(f"{'ID':<10}  {'STATUS':<10}  {'EXPERIMENT':<16}  {'VARIANT':<24}  SEED  "
-               + (f"{'RUNG':<4}  {'EPOCHS':<7}  " if search else "") + f"{'BEST':<22}  NOTE")
-    for r in runs:
-        rung, _, used = _rung(r).partition(" e") if search else ("", "", "")
-        typer.echo(f"{r.id:<10}  {r.status:<10}  {r.experiment[:16]:<16}  "
-                   f"{(r.variant or '-')[:24]:<24}  {r.seed:>4}  "
-                   + (f"{rung or '-':<4}  {used or '-':<7}  " if search else "")
-                   + f"{_best(r.summary)[:22]:<22}  "
-                   + " · ".join(x for x in (r.where, paused if r.id in st.paused else r.note) if x))
 
+    def note_of(r) -> str:
+        return " · ".join(x for x in (r.where, paused if r.id in st.paused else r.note) if x)
 
-def _rung(run) -> str:
-    """`r1 e3/9` for a search's trial under a scheduler (spec.search.rung_label), else ""."""
-    from gridrun.spec.search import rung_label
-
-    return rung_label(run.config.get("search"), run.config.get("trial"),
-                      (run.summary or {}).get("epoch"))
-
-
-def _best(summary) -> str:
-    """`perplexity↓ 3.141`: an ended run's best value of its early-stop metric, or ""."""
-    from gridrun.runs import records
-
-    s = records.Summary.from_json(summary)
-    if s is None or s.best_value is None or not s.early_stop_metric:
-        return ""
-    arrow = "↓" if records.direction(s.early_stop_metric, s.metrics) == records.LOWER else "↑"
-    return f"{s.early_stop_metric}{arrow} {s.best_value:.4g}"
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    typer.echo("\n".join(run_lines(runs, note_of, width)))
 
 
 def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix is enough).",
