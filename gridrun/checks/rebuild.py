@@ -165,15 +165,14 @@ def _restore_rung_results(store: Any, root: Path, found: list[_Found]) -> int:
     paused: without them a rebuilt search waits forever for its rungs' decisions, and
     with them the engine takes the decisions it had taken (they are a function of
     these results). How many were kept."""
-    import math
-
+    from gridrun.engine.search import SCHEDULER, rung_value
     from gridrun.runs.store_search import RungResult
     from gridrun.spec.search import bracket_of, rungs
 
     kept = 0
     for f in found:
         spec, search = f.spec, f.spec.search or {}
-        if spec.trial is None or search.get("scheduler") != "asha" \
+        if spec.trial is None or search.get("scheduler") != SCHEDULER \
                 or f.status not in (states.WAITING, states.COMPLETED):
             continue
         steps = rungs(search["min_epochs"], search["max_epochs"], search["eta"],
@@ -182,8 +181,7 @@ def _restore_rung_results(store: Any, root: Path, found: list[_Found]) -> int:
         for line in runlog.read_all(layout.run_dir(root, spec.experiment, spec.id) / layout.METRICS):
             if line.get("split") == "val" and line.get("epoch") in steps:
                 at[line["epoch"]] = line.get(search["metric"])
-        results = [RungResult(spec.id, spec.trial, epoch, float(value) if isinstance(
-                       value, int | float) and math.isfinite(value) else None)
+        results = [RungResult(spec.id, spec.trial, epoch, rung_value(value))
                    for epoch, value in sorted(at.items())]
         store.add_search(search["id"], spec.experiment, search)
         kept += store.record_results(search["id"], results)

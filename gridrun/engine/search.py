@@ -42,15 +42,18 @@ def scheduled(run: Run) -> dict[str, Any] | None:
     return None
 
 
+def rung_value(value: Any) -> float | None:
+    """A logged metric as a rung result: a finite number, else None (no result)."""
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
 def result_of(run: Run, metric: str) -> RungResult | None:
     """What a trial's run scored where it stands: at the epoch it waits at or ended at
     (completed), or nothing (None) where it ended without a result."""
     trial, summary = run.config["trial"], run.summary or {}
     epoch = summary.get("epoch")
     if run.status in (states.WAITING, states.COMPLETED) and isinstance(epoch, int):
-        value = (summary.get("final") or {}).get(metric)
-        ok = isinstance(value, int | float) and math.isfinite(value)
-        return RungResult(run.id, trial, epoch, float(value) if ok else None)
+        return RungResult(run.id, trial, epoch, rung_value((summary.get("final") or {}).get(metric)))
     if run.status in ENDED:
         epoch = run.config.get("pause_at") or run.config["trainer"]["epochs"]
         return RungResult(run.id, trial, epoch, None)

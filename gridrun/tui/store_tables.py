@@ -1,6 +1,7 @@
 """The compare screen's tables of a store: the ablation table (a search's leaderboard
-for a search), the spread by source, a search's best trials and the CSV export, each from the experiment's rows kept
-between refreshes (analysis/experiment_frame.py). Called from action workers."""
+for a search), the spread by source, a search's best trials and the CSV export, each
+from the experiment's rows kept between refreshes (analysis/experiment_frame.py).
+Called from action workers."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ class StoreTables:
         self._compare_lock = threading.Lock()  # the compare and export workers share the frames
         self._frames: dict[str, Any] = {}  # experiment -> experiment_frame.ExperimentFrame
         self._shown: dict[str, tuple[Any, Table]] = {}  # experiment -> (its table, as shown)
-        self._boards: dict[str, tuple[Any, Table | None]] = {}  # experiment -> (rows, board)
-        self._leaders: dict[str, dict[str, Any] | None] = {}  # experiment -> its board, as data
+        # experiment -> (the rows it was made of, a search's board and its Table, or None)
+        self._boards: dict[str, tuple[Any, tuple[dict[str, Any], Table] | None]] = {}
 
     def _table(self, experiment: str):
         """The experiment's ablation table: the same object while nothing changed;
@@ -59,7 +60,7 @@ class StoreTables:
 
         board = self._board(experiment)
         if board is not None:
-            return board
+            return board[1]
         try:
             t = self._table(experiment)
         except analysis.AnalysisError as e:
@@ -73,8 +74,9 @@ class StoreTables:
             shown = self._shown[experiment] = (t, shown[1] if same else table)
         return shown[1]
 
-    def _board(self, experiment: str) -> Table | None:
-        """A search's leaderboard, every trial best first; None for any other experiment."""
+    def _board(self, experiment: str) -> tuple[dict[str, Any], Table] | None:
+        """A search's leaderboard of every trial, best first, as data and as shown; None
+        for any other experiment."""
         from gridrun.analysis import search
         from gridrun.analysis.experiment_frame import ExperimentFrame
 
@@ -86,17 +88,16 @@ class StoreTables:
             if kept is not None and kept[0] is rows:
                 return kept[1]
         board = search.board_of(self.root, rows, experiment, top=len(rows))
-        self._leaders[experiment] = board
-        table = None
+        made = None
         if board and board["leaders"]:
             head, cells = search.leaderboard_cells(board)
             note = [f"search {experiment}: {board['trials']} trials, best first",
                     *search.leaderboard_notes(board)]
-            table = Table(experiment, tuple(head), tuple(map(tuple, cells)),
-                          frozenset({(0, search.METRIC_COLUMN)}), note="\n".join(note),
-                          kind="leaderboard")
-        self._boards[experiment] = (rows, table)
-        return table
+            made = board, Table(experiment, tuple(head), tuple(map(tuple, cells)),
+                                frozenset({(0, search.METRIC_COLUMN)}), note="\n".join(note),
+                                kind="leaderboard")
+        self._boards[experiment] = (rows, made)
+        return made
 
     def compare_sources(self, experiment: str) -> Table:
         """The spread of each metric by source of randomness (`compare --by-source`'s cells)."""
@@ -139,9 +140,9 @@ class StoreTables:
 
         target = Path(path).expanduser()
         target.parent.mkdir(parents=True, exist_ok=True)
-        if self._board(experiment) is not None:  # a search: the leaderboard `t` shows
+        if (board := self._board(experiment)) is not None:  # a search: the leaderboard `t` shows
             with export.atomic_file(target, force=force) as f:
-                f.write(tables.format_leaderboard(self._leaders[experiment], experiment, "csv"))
+                f.write(tables.format_leaderboard(board[0], experiment, "csv"))
             return str(target)
         export.write_frame(self._table(experiment).to_frame(), target, force=force)
         return str(target)
