@@ -211,7 +211,9 @@ def test_clone_with_two_overrides_then_reopen_in_tmux(tmp_path):
         term.keys("C-u")  # the field starts empty, but be sure
         term.tmux("send-keys", "-t", "gridrun", "-l", "epochs=60 lr=0.005")
         term.keys("Enter")
-        term.wait_for("queued clone")
+        # the clone is checked in a subprocess (torch, the task) that may take up to its
+        # own 120 s limit on a machine running two test files at once
+        term.wait_for("queued clone", timeout=120)
         term.keys("q")
         deadline = time.monotonic() + 30  # a loaded machine: as long as wait_for's
         while not rc.exists() and time.monotonic() < deadline:
