@@ -1,7 +1,9 @@
 """gridrun's modules import one another without a cycle, lazy imports included
 (a cycle broken by an import inside a function is still a cycle); the packages
 form one stack, each importing only those below it; training code never
-imports the store; nothing in the backends points back up at the scheduler."""
+imports the store; nothing in the backends points back up at the scheduler;
+and within one package no modules import one another in a circle, not even
+through imports made only for type checking."""
 
 from __future__ import annotations
 
@@ -32,11 +34,13 @@ def _type_checking_only(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imports_of(path: Path, modules: set[str]) -> set[str]:
-    """The engine modules `path` imports, wherever the import statement is."""
+def imports_of(path: Path, modules: set[str], type_only: bool = False) -> set[str]:
+    """The engine modules `path` imports, wherever the import statement is; with
+    `type_only`, those imported under `if TYPE_CHECKING:` too."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and _type_checking_only(node)
-            for n in ast.walk(node)}
+    skip = set() if type_only else {
+        id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and _type_checking_only(node)
+        for n in ast.walk(node)}
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     found: set[str] = set()
@@ -63,13 +67,14 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
     return found
 
 
-def graph() -> dict[str, set[str]]:
-    """Module -> the gridrun modules it imports. `gridrun` itself (the public face,
-    which reaches down lazily) is left out: importing it for `__version__` or
-    `Task` costs only `gridrun.tasks`, the bottom of the stack."""
+def graph(type_only: bool = False) -> dict[str, set[str]]:
+    """Module -> the gridrun modules it imports (with `type_only`, for type checking
+    too). `gridrun` itself (the public face, which reaches down lazily) is left out:
+    importing it for `__version__` or `Task` costs only `gridrun.tasks`, the bottom
+    of the stack."""
     files = sorted(ENGINE.rglob("*.py"))
     modules = {module_name(f) for f in files}
-    edges = {module_name(f): imports_of(f, modules) - {"gridrun"} for f in files}
+    edges = {module_name(f): imports_of(f, modules, type_only) - {"gridrun"} for f in files}
     edges.pop("gridrun", None)
     return edges
 
@@ -96,12 +101,46 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module, each sorted:
+    the modules that reach one another through their imports (Tarjan's)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = stack[stack.index(node):]
+            del stack[stack.index(node):]
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
 def test_the_walker_sees_lazy_and_relative_imports(tmp_path):
     edges = graph()
     assert "gridrun.spec.keys" in edges["gridrun.spec.validate"]
     assert "gridrun.tasks" in edges["gridrun.spec.derive"]  # inside a function
+    assert "gridrun.spec.search" not in edges["gridrun.spec.model"]  # for type checking only
+    assert "gridrun.spec.search" in graph(type_only=True)["gridrun.spec.model"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+    assert circles({"a": {"b"}, "b": {"c", "d"}, "c": {"a"}, "d": {"e"}, "e": {"d"}, "f": {"a"}}
+                   ) == [["a", "b", "c"], ["d", "e"]]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
 
 
 def package_of(module: str) -> str:
@@ -139,6 +178,19 @@ def test_training_code_never_imports_the_store():
 def test_gridrun_has_no_import_cycle():
     cycle = find_cycle(graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_package_has_a_circle_of_modules():
+    """Within one package of the stack (train, engine, ...) the modules import
+    downward only: no module imports one that imports it back, directly or round
+    a longer circle, lazily inside a function or only for type checking (a type
+    shared by two modules lives in a module below both, as `train.loop.probe`)."""
+    edges = graph(type_only=True)
+    inside = {m: {t for t in ts if package_of(t) == package_of(m)} for m, ts in edges.items()}
+    found = [[f"{m} -> {t}" for m in circle for t in sorted(inside[m]) if t in circle]
+             for circle in circles(inside)]
+    assert not found, "modules of one package import one another in a circle:\n" + "\n\n".join(
+        "\n".join(imports) for imports in found)
 
 
 def test_backends_never_import_the_scheduler():

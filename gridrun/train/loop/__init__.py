@@ -2,10 +2,16 @@
 
     trainer   train(): build -> resume -> steps -> the end, and how a run ends
     build     the build phase: seed, task, model, optimizer, precision, run length
-    state     TrainState, the resume phase and the Checkpointer (when to save)
+    state     TrainState, its one host sync (read_pending), the resume phase and
+              the Checkpointer (when to save)
     step      the micro-batches, forward and backward, the optimizer step
-    meter     the log points: the one host sync and the train lines
+    meter     the log points and their train lines
     validate  evaluation, best.pt and early stopping
+    probe     Probe, what watches a run as it trains (diverge.py's replay)
+
+The modules import downward only, type-only imports included: probe <- build
+<- state <- step, meter, validate <- trainer (the top, which alone imports them
+all; nothing imports it back). tests/test_import_graph.py holds them to it.
 
 Imports the rest of `gridrun.train` (data, seeding, checkpoint, diagnostics, ...);
 nothing of `gridrun.train` imports this package but `worker` and `diverge`, which

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -24,11 +24,9 @@ from gridrun.tasks import Task, resolve
 from gridrun.train import environment, levers, loader_probe, switches, threads
 from gridrun.train.data import count_samples, train_loader, val_loader
 from gridrun.train.diagnostics import Diagnostics, model_facts
+from gridrun.train.loop.probe import Probe
 from gridrun.train.optim import build_optimizer
 from gridrun.train.seeding import model_seed, seed_everything, set_determinism
-
-if TYPE_CHECKING:
-    from gridrun.train.loop.trainer import Probe
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

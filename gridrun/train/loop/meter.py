@@ -2,55 +2,22 @@
 
 Between log points the losses stay on the device (`TrainState.pending`) and
 the meter only counts samples and tokens on the host; at a log point
-`read_pending` reads every device value the line needs at once. The meter owns
-the interval's clock and counters and the run's throughput totals.
+`state.read_pending` (which the Checkpointer shares) reads every device value
+the line needs at once. The meter owns the interval's clock and counters and
+the run's throughput totals.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-import torch
+from typing import Any
 
 from gridrun.runs import records
 from gridrun.runs.runlog import MetricsWriter
 from gridrun.train.loader_probe import input_bound
-
-if TYPE_CHECKING:
-    from gridrun.train.loop.build import Setup
-    from gridrun.train.loop.state import TrainState
-
-
-def read_pending(setup: Setup, state: TrainState, weights: bool = False,
-                 extra: list[torch.Tensor] | None = None
-                 ) -> tuple[list[float], int | None, list[float]]:
-    """The losses since the last log point, the first non-finite step and
-    the `extra` values (the diagnostics'), in one sync.
-
-    With `weights`, also whether every parameter is finite (the last
-    update can break the weights before any loss shows it): if not,
-    this step is the diverged one.
-    """
-    pending, device = state.pending, setup.device
-    parts = [torch.stack(pending).float()] if pending else []
-    if extra:
-        parts.append(torch.stack(extra).to(device))
-    if weights:
-        finite = torch.stack([p.isfinite().all() for p in setup.model.parameters()]).all()
-        parts.append(torch.where(finite, 0.0, math.nan).reshape(1).to(device))
-    if not parts:
-        return [], None, []
-    values = torch.cat(parts).tolist()
-    weights_ok = math.isfinite(values.pop()) if weights else True
-    extras = values[len(values) - len(extra or ()):]
-    del values[len(values) - len(extras):]
-    for i, v in enumerate(values):
-        if not math.isfinite(v):
-            return values, state.step - (len(values) - 1 - i) // setup.accumulate, extras
-    return values, None if weights_ok else state.step, extras
+from gridrun.train.loop.build import Setup
+from gridrun.train.loop.state import TrainState, read_pending
 
 
 class Meter:

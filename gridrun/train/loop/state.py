@@ -1,8 +1,10 @@
 """What a run carries from step to step, and how it survives a restart.
 
 `TrainState` is the part of a run that changes as it trains (where it is, the
-best evaluation, the losses not yet logged); `resume` is the phase that brings
-it back from the last checkpoint (or starts the metrics log afresh), and the
+best evaluation, the losses not yet logged); `read_pending` reads its losses
+not yet logged back to the host in one sync (the meter's at a log point, the
+Checkpointer's before it writes); `resume` is the phase that brings it back
+from the last checkpoint (or starts the metrics log afresh), and the
 `Checkpointer` decides when to write it and refuses to write a diverged one.
 What a checkpoint holds is the exact-resume contract: the weights, optimizer,
 scaler, every RNG state, the data position and the metrics log's length, so a
@@ -11,6 +13,7 @@ resumed run ends bit for bit where an uninterrupted one does.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +26,6 @@ from gridrun.runs import layout, records
 from gridrun.runs.runlog import MetricsWriter
 from gridrun.train import checkpoint
 from gridrun.train.loop.build import Setup
-from gridrun.train.loop.meter import read_pending
 from gridrun.train.seeding import rng_state, set_rng_state
 
 # what a checkpoint must hold to resume from it (see TrainState.checkpoint)
@@ -62,6 +64,35 @@ class TrainState:
             "rng": rng_state(), "metrics_offset": metrics_offset,
             "final": summary["final"], "train_loss": summary["train_loss"],
         }
+
+
+def read_pending(setup: Setup, state: TrainState, weights: bool = False,
+                 extra: list[torch.Tensor] | None = None
+                 ) -> tuple[list[float], int | None, list[float]]:
+    """The losses since the last log point, the first non-finite step and
+    the `extra` values (the diagnostics'), in one sync.
+
+    With `weights`, also whether every parameter is finite (the last
+    update can break the weights before any loss shows it): if not,
+    this step is the diverged one.
+    """
+    pending, device = state.pending, setup.device
+    parts = [torch.stack(pending).float()] if pending else []
+    if extra:
+        parts.append(torch.stack(extra).to(device))
+    if weights:
+        finite = torch.stack([p.isfinite().all() for p in setup.model.parameters()]).all()
+        parts.append(torch.where(finite, 0.0, math.nan).reshape(1).to(device))
+    if not parts:
+        return [], None, []
+    values = torch.cat(parts).tolist()
+    weights_ok = math.isfinite(values.pop()) if weights else True
+    extras = values[len(values) - len(extra or ()):]
+    del values[len(values) - len(extras):]
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            return values, state.step - (len(values) - 1 - i) // setup.accumulate, extras
+    return values, None if weights_ok else state.step, extras
 
 
 def resume(setup: Setup, run_dir: Path, writer: MetricsWriter, *, fresh: bool,

@@ -8,17 +8,15 @@ Nothing here reads a value back to the host: the losses go to
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.utils.data import DataLoader
 
 from gridrun.train.data import start_epoch
 from gridrun.train.loop.build import Setup
+from gridrun.train.loop.probe import Probe
 from gridrun.train.loop.state import TrainState
 from gridrun.train.optim import lr_at
-
-if TYPE_CHECKING:
-    from gridrun.train.loop.trainer import Probe
 
 
 def micro_batches(loader: DataLoader, setup: Setup, state: TrainState) -> Iterator[Any]:

@@ -29,6 +29,7 @@ from gridrun.train.data import to_device
 from gridrun.train.diagnostics import unused_warning
 from gridrun.train.loop.build import build, resolve_precision, training_loader
 from gridrun.train.loop.meter import Meter
+from gridrun.train.loop.probe import Probe
 from gridrun.train.loop.state import RESUME_KEYS, Checkpointer, TrainState, resume
 from gridrun.train.loop.step import forward_backward, micro_batches, step_once
 from gridrun.train.loop.validate import Validator, evaluate
@@ -38,17 +39,6 @@ __all__ = ["RESUME_KEYS", "Probe", "evaluate", "failed", "peak_memory", "resolve
 
 # what autograd's anomaly mode raises: "Function 'LogBackward0' returned nan values in its 0th output."
 ANOMALY = re.compile(r"Function '(\w+)' returned nan values")
-
-
-class Probe:
-    """Watches a run as it trains (diverge.py replays a diverged run with one);
-    the null probe watches nothing."""
-
-    def attach(self, model: torch.nn.Module) -> None:
-        pass
-
-    def before_step(self, step: int, batch: Any) -> None:
-        """Before the forward of each micro-batch of optimizer step `step` (1-based)."""
 
 
 def peak_memory(device: torch.device, seen: int = 0) -> int:
