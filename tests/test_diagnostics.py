@@ -72,8 +72,8 @@ def test_a_parameter_outside_the_module_list_is_named_as_getting_no_gradient(tmp
     assert any(line.startswith("warning:") and "spare.weight" in line for line in logged)
 
 
-def test_a_task_whose_data_loading_sleeps_is_flagged_input_bound(tmp_path):
-    s = train(spec("helper_tasks:slow_data", {"sleep": 0.002}, epochs=1), tmp_path, **QUIET)
+def test_a_task_whose_data_loading_sleeps_is_flagged_input_bound(tmp_path, virtual_sleep):
+    s = train(spec("helper_tasks:slow_data", {"sleep": 0.02}, epochs=1), tmp_path, **QUIET)
     assert s["status"] == states.COMPLETED, s["error"]
     lines = runlog.read_all(tmp_path / layout.METRICS)
     assert s["data_wait"] > 0.5

@@ -126,9 +126,9 @@ def test_auto_is_not_part_of_the_run_id(tmp_path):
         load_runs(spec)
 
 
-def test_an_input_bound_run_names_the_remedy_with_numbers(tmp_path):
+def test_an_input_bound_run_names_the_remedy_with_numbers(tmp_path, virtual_sleep):
     run, folder = make_run(tmp_path, "slow", {"inner_task": "helper_tasks:slow_data",
-                                              "step_sleep": 0.0, "sleep": 0.002}, epochs=1,
+                                              "step_sleep": 0.0, "sleep": 0.02}, epochs=1,
                            batch_size=16, num_workers=0)
     logged: list[str] = []
     s = train(run, folder, log=logged.append)
