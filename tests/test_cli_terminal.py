@@ -121,8 +121,11 @@ def test_the_detach_hint_names_the_root_in_use(small, tmp_path, monkeypatch):
 
 
 def test_a_root_others_can_read_is_used_with_one_warning_and_left_alone(tmp_path):
+    from gridrun.runs.store import Store
+
     root = tmp_path / "runs"
-    root.mkdir()
+    root.mkdir(mode=0o700)
+    Store(root).close()  # a gridrun root: it holds its store (an empty folder gets no advice)
     os.chmod(root, 0o755)
     done = subprocess.run([sys.executable, "-m", "gridrun", "ls", "--root", str(root)],
                           capture_output=True, text=True, timeout=60)

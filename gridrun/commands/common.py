@@ -84,31 +84,28 @@ def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def open_root(root: Path, *, create: bool = False) -> Path:
-    """The one way a command opens a root: a system folder, the home folder, a root
-    others can write or another user's are refused in one line each (exit 2); a
-    missing root is "no such root" unless `create` (only `queue`, `run`, `train` and
-    `engine start` create one, and only under a folder that exists)."""
+def open_root(root: Path, *, create: bool = False, claim: bool = False) -> Path:
+    """The one way a command opens a root, before it writes anything there: a system
+    folder, the home folder, a root others can write, another user's, or one holding a
+    folder that is another user's, a symlink or others can write, are refused in one
+    line each (exit 2), the same from every command; a missing root is "no such root"
+    unless `create` (only `queue`, `run`, `train` and `engine start` create one, and
+    only under a folder that exists). `claim`: the command writes the store there
+    (layout.claim_root: a fresh clone's `runs/` is made private, silently)."""
     from gridrun.runs.layout import NoSuchRoot, UnsafePath, check_root
 
     try:
-        return check_root(root, create=create)
+        return check_root(root, create=create, experiments=True, claim=claim)
     except (UnsafePath, NoSuchRoot) as e:
         fail(str(e))
 
 
 def refuse_early(root: Path) -> None:
-    """Before a command that queues does any work: the root it will use is refused now
-    if it would be later (without creating it yet), experiment folders included."""
+    """Before a command that queues does any work: the root it will use is refused now,
+    as `open_root` would refuse it later, without creating it yet."""
     from gridrun.runs import layout
 
-    special = layout.system_folder(root)
-    problems = [special] if special else []
-    if not problems and root.exists():
-        problems = layout.root_problems(root) or (
-            [] if root.is_dir() else [f"{root} is not a folder: give a folder as the runs root"])
-    elif not problems:
-        problems = [why] if (why := layout.cannot_create(root)) else []
+    problems = layout.refusal(root)
     if problems:
         fail("\n".join(problems))
 
@@ -124,7 +121,7 @@ def open_store(root: Path, *, create: bool = False, write: bool = True) -> Itera
     from gridrun.runs.layout import NoSuchRoot, UnsafePath
     from gridrun.runs.store import Store, StoreError
 
-    open_root(root, create=create)
+    open_root(root, create=create, claim=write)
     try:
         store = Store(root, create=create, create_store=write)
     except (StoreError, UnsafePath, NoSuchRoot) as e:  # one line each, with what to do

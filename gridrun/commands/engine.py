@@ -195,9 +195,11 @@ def engine_start(root: RootOption = DEFAULT_ROOT,
                      "--until-idle", help="With --foreground: exit once nothing is queued or "
                      "running.")] = False) -> None:
     """Start the background engine for this root (one per root)."""
+    from gridrun.commands.common import open_root
     from gridrun.engine import daemon
     from gridrun.runs import layout
 
+    open_root(root, create=True, claim=True)  # as every command: refused before any write
     if foreground or until_idle:
         raise typer.Exit(daemon.serve(root, until_idle=until_idle))
 
@@ -321,7 +323,14 @@ def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix i
     with _reader(root) as store:
         run_id = _resolve(store, [run_id])[0]
         run_ = store.get_run(run_id)
-        follower = outputlog.Follower(run_.run_dir(root) / layout.OUTPUT, lines)
+        path = run_.run_dir(root) / layout.OUTPUT
+        if not path.is_symlink() and not path.exists():  # a link: the Follower refuses it
+            finished = run_.status in states.FINISHED
+            note = outputlog.missing(run_id, run_.status, path.parent, follow=follow_ and not finished)
+            if not follow_ or finished:
+                fail(note, 1)
+            print(note, file=sys.stderr, flush=True)
+        follower = outputlog.Follower(path, lines)
         try:
             while True:
                 text = follower.read()

@@ -165,9 +165,11 @@ def start(root: str | os.PathLike, config: Any = None, *, timeout: float = 30.0,
     `config` (an EngineConfig) is remembered in the store and used by this and
     later starts; an engine already running keeps the config it started with.
     """
-    root = Path(root).absolute()
-    layout.check_root(root)  # UnsafeRoot: a system folder, others can write it; NoSuchRoot
-    root = root.resolve()
+    # UnsafeRoot (a system folder, another user's folder in it, ...) or NoSuchRoot,
+    # before engine.log, engine.lock, engine.pid or the store is written there; the
+    # root as given, as the command that calls this names it
+    layout.check_root(root, experiments=True, claim=True)
+    root = Path(root).resolve()
     current = status(root, heartbeat=False)
     proc = None
     if not current.running:
@@ -281,7 +283,7 @@ def serve(root: Path, *, until_idle: bool = False, **engine_options: Any) -> int
     layout.private_umask()  # the engine, its fork server and every run inherit it
     root = Path(root).resolve()
     try:
-        layout.check_root(root)
+        layout.check_root(root, experiments=True, claim=True)  # as `start` checks it
     except (layout.UnsafeRoot, layout.NoSuchRoot) as e:
         print(e, file=sys.stderr)
         return 2

@@ -203,6 +203,22 @@ def cannot_create(root: str | os.PathLike) -> str | None:
             "(a typo in --root?); create it first")
 
 
+def refusal(root: str | os.PathLike, *, experiments: bool = True) -> list[str]:
+    """Why `root` would be refused, one line each with its fix, creating nothing: a
+    system folder or the home folder, something that is not a folder, a root (or, with
+    `experiments`, a folder in it) that is not private to this user, or a missing root
+    whose parent folder is missing. [] for a root a command may use (or create)."""
+    special = system_folder(root)
+    if special:
+        return [special]
+    if not os.path.lexists(root):
+        why = cannot_create(root)
+        return [why] if why else []
+    if not os.path.isdir(root):
+        return [f"{root} is not a folder: give a folder as the runs root"]
+    return root_problems(root, experiments=experiments)
+
+
 def _make_root(root: Path, create: bool) -> None:
     if not create:
         raise NoSuchRoot(f"no such root: {root}")
@@ -218,40 +234,73 @@ def _make_root(root: Path, create: bool) -> None:
     os.chmod(root, 0o700)
 
 
-def check_root(root: str | os.PathLike, *, create: bool = True) -> Path:
-    """Create the root (0700, only under a folder that exists) if it is missing and
-    `create` (else NoSuchRoot); raise UnsafeRoot if it is a system folder or the home
-    folder, or if it, or one of gridrun's files in it, is not private to this user. A
-    root that group or others can read (a checkout's `runs/` is often 0755) is used,
-    with a one-line warning on stderr, once per process: gridrun never changes it."""
+def check_root(root: str | os.PathLike, *, create: bool = True, experiments: bool = False,
+               claim: bool = False) -> Path:
+    """Open a root: create it (0700, only under a folder that exists) if it is missing
+    and `create` (else NoSuchRoot); raise UnsafeRoot, before anything is created in it,
+    for what `refusal` names. `experiments`: the folders in the root are checked too,
+    as every command does (commands/common.open_root, the engine's start); the store's
+    own check leaves them to each run (a running engine fails only the runs of a bad
+    experiment folder). `claim`: gridrun is about to write its store there (see
+    `claim_root`). A gridrun root that group or others can read is used, with one
+    warning on stderr per process (see `readable_warning`)."""
     root = Path(root)
-    special = system_folder(root)
-    if special:
-        raise UnsafeRoot([special])
-    if not os.path.lexists(root):
+    if not os.path.lexists(root) and not system_folder(root):
         _make_root(root, create)
-    elif not root.is_dir():
-        raise UnsafeRoot([f"{root} is not a folder: give a folder as the runs root"])
-    problems = root_problems(root, experiments=False)
+    problems = refusal(root, experiments=experiments)
     if problems:
         raise UnsafeRoot(problems)
-    warning = readable_warning(root)
-    if warning and str(root) not in _WARNED:
-        _WARNED.add(str(root))
+    if claim:
+        claim_root(root)
+    warning = readable_warning(root, claim=claim)
+    key = os.path.realpath(root)  # `runs`, `./runs` and the engine's absolute path alike
+    if warning and key not in _WARNED:
+        _WARNED.add(key)
         print(warning, file=sys.stderr, flush=True)
     return root
 
 
-_WARNED: set[str] = set()  # roots this process has warned about
+_WARNED: set[str] = set()  # roots (real paths) this process has warned about
+
+# What a folder may hold and still be a fresh runs folder gridrun may make private:
+# a checkout's runs/README.md, git's placeholders, and gridrun's own files.
+_FRESH = (".gitignore", ".gitkeep", ".keep", *ROOT_FILES)
 
 
-def readable_warning(root: str | os.PathLike) -> str | None:
-    """One line with the chmod to run when group or others can read the root."""
+def _fresh(root: Path) -> bool:
+    """Whether `root` holds nothing but README files, git's placeholders and
+    gridrun's own files (each a plain file): a runs folder nothing else uses."""
+    return all(stat.S_ISREG(st.st_mode)
+               and (path.name in _FRESH or path.name.lower().startswith("readme"))
+               for path, st in _entries(root))
+
+
+def claim_root(root: str | os.PathLike) -> None:
+    """gridrun is about to make `root` (checked: this user's) its root. A folder with
+    no store yet that group or others can read (a fresh clone's `runs/` is 0755, git
+    keeps no folder mode; a `mkdir runs` under umask 022) and that holds nothing but
+    README files, git's placeholders and gridrun's own files is made private (0700)
+    silently, as gridrun makes a root it creates. Any other folder keeps its mode:
+    it is not gridrun's to change (`readable_warning` says so once)."""
+    root = Path(root)
+    if os.path.lexists(root / DB_NAME):
+        return
+    with contextlib.suppress(OSError):
+        mode = stat.S_IMODE(os.stat(root).st_mode)
+        if mode & 0o077 and _fresh(root):
+            os.chmod(root, mode & 0o700)
+
+
+def readable_warning(root: str | os.PathLike, *, claim: bool = False) -> str | None:
+    """One line with the chmod to run when group or others can read a gridrun root:
+    one that holds gridrun's store, or (`claim`) that gridrun is making its root. A
+    folder that is only read (`gridrun ls --root /usr/share`) is no gridrun root:
+    no warning, no chmod advised."""
     try:
         mode = stat.S_IMODE(os.stat(root).st_mode)
     except OSError:
         return None
-    if not mode & 0o077:
+    if not mode & 0o077 or not (claim or os.path.lexists(Path(root) / DB_NAME)):
         return None
     return (f"warning: the runs root {root} is readable by group or others (mode {mode:04o}); "
             f"make it private with `chmod 700 {shlex.quote(str(root))}`")
