@@ -87,3 +87,18 @@ def test_the_command(tmp_path):
     assert refused.exit_code == 2 and "grid = { vary = [" in refused.stderr
     both = runner.invoke(app, ["compare", "--by-source", "--by", "lr", "--root", str(tmp_path)])
     assert both.exit_code == 2 and "leave out --by" in both.stderr
+
+
+def test_the_footer_says_what_the_columns_hold(tmp_path):
+    """Its footer said "the best validation value" while every metric but the tracked one
+    is taken at the evaluation best in the tracked (early-stop) metric: it says so now."""
+    table = by_source(run_rows(build(tmp_path)), "src")
+    for text in (format_sources(table), format_sources(table, "markdown")):
+        assert text.splitlines()[-1].startswith(
+            "each finished seed's evaluation with the best loss (every metric at that "
+            "evaluation, as early stopping keeps it), only that source varying (the others at "
+            "the first seed); ")
+        assert "best validation value" not in text
+    last = format_sources(by_source(run_rows(tmp_path), "src", final=True))
+    assert last.splitlines()[-1].startswith("each finished seed's last evaluation, only that "
+                                            "source varying")

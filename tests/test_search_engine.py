@@ -6,6 +6,7 @@ same winner and the winner's same weights."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 from pathlib import Path
@@ -31,9 +32,9 @@ def in_process(root: Path, backend, runs, slots: int) -> dict:
 
 def rebuilt_and_decided_again(done: Path, root: Path, backend) -> dict:
     """A finished search's folders whose store is lost, rebuilt by `doctor --rebuild`:
-    its trials come back waiting at their last rung (stopped ones too), the rung
-    results come back from the folders' logs, and the engine decides again what it
-    had decided (it waited forever for the results of the rungs trials had passed)."""
+    its stopped trials come back stopped (their summary.json says so), the rung results
+    come back from the folders' logs and with them the decisions the engine had taken
+    (it waited forever for the results of the rungs trials had passed)."""
     from typer.testing import CliRunner
 
     from gridrun.checks.rebuild import rebuild
@@ -44,7 +45,7 @@ def rebuilt_and_decided_again(done: Path, root: Path, backend) -> dict:
     board = CliRunner().invoke(app, ["compare", "tune", "--root", str(root)])
     assert board.exit_code == 0 and board.output.startswith("search tune: 9 trials"), board.output
     with Store(root) as store:
-        assert {r.status for r in store.list_runs()} == {states.WAITING, states.COMPLETED}
+        assert {r.status for r in store.list_runs()} == {states.STOPPED, states.COMPLETED}
         engine = engine_for(root, backend, slots=2)
         engine.start()
         drain(engine, timeout=240)
@@ -120,7 +121,9 @@ def views(root: Path, done: dict) -> None:
     finally:
         source.store.close()
     assert shown.kind == "leaderboard" and len(shown.rows) == 9
-    printed = [line.split() for line in board.splitlines()[1:11] if line.strip()]
+    assert shown.columns[5:7] == ("accuracy↑ at rung end", "best accuracy↑")
+    printed = [re.split(r"\s{2,}", line.strip()) for line in board.splitlines()[1:11]
+               if line.strip()]
     assert [list(shown.columns), *map(list, shown.rows[:len(printed) - 1])] == printed
     assert shown.best == {(0, 5)} and "budget used: 21 of 81 epochs" in shown.note
     with open(written) as f:
@@ -132,3 +135,13 @@ def views(root: Path, done: dict) -> None:
     ranked = [int(line.split()[1][1:]) for line in board.splitlines()[2:7]]
     assert [trial_of[i] for i in leaders.ids] == ranked
     assert (leaders.metric, leaders.mode, leaders.trials, leaders.shown) == ("accuracy", "max", 9, 5)
+    # a stopped trial says stopped in every record: ls, the store, its summary.json, load_run
+    import gridrun
+
+    assert [line.split()[1] for line in listed.splitlines()[1:-1]].count(states.STOPPED) == 8
+    assert listed.splitlines()[-1].startswith("BEST: each run's best evaluation")
+    with Store(root) as store:
+        for run in store.list_runs():
+            said = {run.status, run.summary["status"],
+                    gridrun.load_run(run.run_dir(root)).summary.status}
+            assert said == {run.status}, (run.id, said)

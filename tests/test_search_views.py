@@ -34,7 +34,7 @@ def test_the_leaderboard_ranks_the_furthest_trained_first_then_the_metric():
     assert (board["epochs_used"], board["epochs_full"]) == (1 + 9 + 3 + 3 + 3, 5 * 9)
     assert board["spearman"]["lr"] == pytest.approx(0.8)  # on the first rung: lr up, accuracy up
     text = format_leaderboard(board, "tune")
-    assert "RANK  TRIAL  STATUS     RUNG  EPOCHS  accuracy↑  lr" in text
+    assert "RANK  TRIAL  STATUS     RUNG  EPOCHS  accuracy↑ at rung end  best accuracy↑  lr" in text
     assert "budget used: 19 of 45 epochs (42%)" in text
     assert "Spearman rank correlation with accuracy (on the first rung): lr +0.80" in text
 
@@ -50,19 +50,23 @@ def test_every_compare_format_of_a_leaderboard_is_that_format():
     table = RowTable(rows, list(rows[0]), {"directions": {"accuracy": "higher"}})
     board = leaderboard(table, ["lr"])
     parsed = list(csv.DictReader(io.StringIO(format_leaderboard(board, "tune", "csv"))))
-    assert [list(r.values()) for r in parsed] == [["1", "1", "completed", "2", "9", "0.7",
+    assert [list(r.values()) for r in parsed] == [["1", "1", "completed", "2", "9", "0.7", "",
                                                    "0.012345678"],
                                                   ["2", "0", "stopped", "0", "1", "0.912345678",
-                                                   "0.1"]]
-    assert list(parsed[0]) == ["rank", "trial", "status", "rung", "epochs", "accuracy", "lr"]
+                                                   "", "0.1"]]
+    assert list(parsed[0]) == ["rank", "trial", "status", "rung", "epochs", "accuracy",
+                               "best_accuracy", "lr"]
     md = format_leaderboard(board, "tune", "markdown").splitlines()
-    assert md[0] == "| RANK | TRIAL | STATUS | RUNG | EPOCHS | accuracy↑ | lr |"
-    assert md[1] == "|---|---|---|---|---|---|---|"
-    assert md[2] == "| 1 | t1 | completed | r2 | 9 | **0.7** | 0.01235 |"
-    assert md[-3] == "" and md[-2].startswith("budget used: 10 of 18 epochs")
+    assert md[0] == ("| RANK | TRIAL | STATUS | RUNG | EPOCHS | accuracy↑ at rung end "
+                     "| best accuracy↑ | lr |")
+    assert md[1] == "|---|---|---|---|---|---|---|---|"
+    assert md[2] == "| 1 | t1 | completed | r2 | 9 | **0.7** | - | 0.01235 |"
+    assert md[-4] == "" and md[-3].startswith("accuracy↑ at rung end: ")
+    assert md[-2].startswith("budget used: 10 of 18 epochs")
     tex = format_leaderboard(board, "tune", "latex")
-    assert r"RANK & TRIAL & STATUS & RUNG & EPOCHS & accuracy$\uparrow$ & lr \\" in tex
-    assert r"1 & t1 & completed & r2 & 9 & \textbf{0.7} & 0.01235 \\" in tex
+    assert (r"RANK & TRIAL & STATUS & RUNG & EPOCHS & accuracy$\uparrow$ at rung end & "
+            r"best accuracy$\uparrow$ & lr \\") in tex
+    assert r"1 & t1 & completed & r2 & 9 & \textbf{0.7} & - & 0.01235 \\" in tex
     assert "% budget used: 10 of 18 epochs" in tex and tex.rstrip().endswith(r"\end{tabular}")
     with pytest.raises(ValueError, match="unknown format 'xml'"):
         format_leaderboard(board, "tune", "xml")
@@ -79,3 +83,51 @@ def test_rank_correlations_on_a_first_rung_some_trials_lack():
     assert board["leaders"][0]["trial"] == 0
     assert board["spearman"]["lr"] == pytest.approx(spearman([0.01, 0.001, 0.003, 0.0001],
                                                              [0.7, 0.8, 0.6, 0.5]))
+
+
+def test_the_leaderboard_and_ls_say_which_value_each_shows():
+    """One trial read 0.587 on the leaderboard and 0.6246 in `ls`, nothing on either
+    screen saying why: the leaderboard ranks by the evaluation at the end of the rung a
+    trial reached, ls shows its best evaluation. Each now names its value, and the
+    leaderboard shows the best beside the value it ranks by (its CSV too, a column added)."""
+    import csv
+    import io
+    import json
+    from types import SimpleNamespace
+
+    from gridrun.analysis.search import leaderboard_cells
+    from gridrun.commands.follow import run_lines
+
+    rows = [{**row(0, "stopped", 1, 0.587, 0.1), "own_accuracy": 0.6246},
+            {**row(1, "completed", 9, 0.7, 0.01), "own_accuracy": 0.71}]
+    table = RowTable(rows, list(rows[0]), {"directions": {"accuracy": "higher"}})
+    board = leaderboard(table, ["lr"])
+    assert [(t["value"], t["best"]) for t in board["leaders"]] == [(0.7, 0.71), (0.587, 0.6246)]
+    head, cells = leaderboard_cells(board)  # the CLI's and the interface's
+    assert head[5:] == ["accuracy↑ at rung end", "best accuracy↑", "lr"]
+    assert cells[1][5:7] == ["0.587", "0.6246"]
+    text = format_leaderboard(board, "tune")
+    assert "accuracy↑ at rung end  best accuracy↑  lr" in text.splitlines()[1]
+    assert ("at rung end: each trial's evaluation at the end of the last rung it reached "
+            "(the mean over its seeds), what the search ranks by; best: its best evaluation "
+            "(what `gridrun ls` shows as BEST)") in text
+    parsed = list(csv.DictReader(io.StringIO(format_leaderboard(board, "tune", "csv"))))
+    assert list(parsed[1]) == ["rank", "trial", "status", "rung", "epochs", "accuracy",
+                               "best_accuracy", "lr"]
+    assert (parsed[1]["accuracy"], parsed[1]["best_accuracy"]) == ("0.587", "0.6246")
+    assert json.loads(format_leaderboard(board, "tune", "json"))["leaders"][1]["best"] == 0.6246
+    assert "at rung end:" in format_leaderboard(board, "tune", "markdown")
+
+    search = {"id": "s", "scheduler": "asha", "min_epochs": 1, "max_epochs": 9, "eta": 3}
+    trial = SimpleNamespace(id="r00", status="stopped", experiment="tune", variant="t0", seed=0,
+                            config={"trial": 0, "search": search},
+                            summary={"epoch": 1, "early_stop_metric": "accuracy",
+                                     "metrics": {"accuracy": "higher"},
+                                     "best": {"accuracy": 0.6246}, "final": {"accuracy": 0.587}})
+    lines = run_lines([trial], lambda r: "")
+    assert "accuracy↑ 0.6246" in lines[1]
+    assert lines[-1] == ("BEST: each run's best evaluation of its early-stop metric; "
+                         "`gridrun compare EXPERIMENT` ranks a search's trials by the "
+                         "evaluation at the end of their rung")
+    plain = SimpleNamespace(**{**vars(trial), "config": {}})
+    assert len(run_lines([plain], lambda r: "")) == 2  # no search listed: no footer

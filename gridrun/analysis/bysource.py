@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 from gridrun.analysis.ablation import AnalysisError, _grouping, _number, _summary_stats
-from gridrun.analysis.frames import collector_paused
+from gridrun.analysis.frames import TRACKED, collector_paused
 from gridrun.analysis.rowtable import RowTable, missing
 from gridrun.runs import records, states
 from gridrun.spec.sources import ALL, SOURCES, VARY
@@ -81,8 +81,10 @@ def _by_source(runs: RowTable, experiment: str | None, metric: str | None,
     axes = list(runs.attrs.get("axes", []))
     out: list[dict[str, Any]] = []
     all_keys: dict[str, None] = {}
+    tracked: dict[str, None] = {}  # the metrics the runs' best evaluations are best in
     for exp in varying:
         sub = [r for r in rows if r.get("experiment") == exp]
+        tracked.update(dict.fromkeys(r[TRACKED] for r in sub if isinstance(r.get(TRACKED), str)))
         keys = [k for k in _grouping(sub, config_cols, None, axes) if k not in (VARY, "ablation")]
         if any(r.get("ablation") not in (None, "") for r in sub):
             keys = ["ablation", *keys]
@@ -118,6 +120,7 @@ def _by_source(runs: RowTable, experiment: str | None, metric: str | None,
     columns = ["experiment", *all_keys, "source", "n", "runs",
                *(f"{m}_{s}" for m in metrics for s in STATS)]
     return RowTable(out, columns, {"metrics": metrics, "keys": list(all_keys), "value": kind,
+                                   "tracked": list(tracked),
                                    "directions": {m: records.direction(m, directions)
                                                   for m in metrics}})
 
@@ -156,10 +159,19 @@ def cells(table: RowTable) -> tuple[list[str], list[list[str]]]:
 
 
 def legend(table: RowTable) -> str:
-    value = "final" if table.attrs.get("value") == "final" else "best validation"
-    return (f"the {value} value over finished seeds, only that source varying (the others at "
-            f"the first seed); ± 95% CI of the mean (Student t); range: max - min; "
-            f"std/all: the std over the std with every source varying")
+    """What the columns hold, one line: with --final each seed's last evaluation; else
+    every metric at the evaluation best in the tracked (early-stop) metric, as
+    `compare`'s table takes them, not each metric's own best."""
+    if table.attrs.get("value") == "final":
+        value = "each finished seed's last evaluation"
+    else:
+        tracked = table.attrs.get("tracked") or []
+        at = f"best {tracked[0]}" if len(tracked) == 1 else "best early-stop metric"
+        value = (f"each finished seed's evaluation with the {at} (every metric at that "
+                 "evaluation, as early stopping keeps it)")
+    return (f"{value}, only that source varying (the others at the first seed); ± 95% CI of "
+            "the mean (Student t); range: max - min; std/all: the std over the std with every "
+            "source varying")
 
 
 def format_sources(table: RowTable, fmt: str = "table") -> str:

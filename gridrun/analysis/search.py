@@ -47,8 +47,22 @@ def _number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _best(row: dict[str, Any], metric: str) -> float | None:
+    """A run's best evaluation of `metric`: its own best, else at the early-stop metric's."""
+    value = next((v for v in (row.get(f"own_{metric}"), row.get(f"best_{metric}")) if _number(v)),
+                 None)
+    return None if value is None else float(value)
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """The mean where every run (seed) has a value, else None."""
+    ok = [v for v in values if v is not None]
+    return sum(ok) / len(ok) if ok and len(ok) == len(values) else None
+
+
 def trials(table: RowTable) -> list[dict[str, Any]]:
-    """One entry per trial: its runs' (seeds') mean final metric, epochs used, state."""
+    """One entry per trial: its runs' (seeds') mean final metric (its last evaluation: at
+    the end of the rung it reached) and mean best evaluation, epochs used, state."""
     by_trial: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in table:
         if not missing(row.get("trial")):
@@ -56,10 +70,10 @@ def trials(table: RowTable) -> list[dict[str, Any]]:
     out = []
     for trial, rows in sorted(by_trial.items()):
         metric = rows[0].get("search_metric") or rows[0].get("tracked") or "loss"
-        values = [r.get(f"final_{metric}") for r in rows]
-        ok = [float(v) for v in values if _number(v)]
         out.append({"trial": trial, "rows": rows, "metric": metric,
-                    "value": sum(ok) / len(ok) if len(ok) == len(rows) else None,
+                    "value": _mean([float(v) if _number(v := r.get(f"final_{metric}")) else None
+                                    for r in rows]),
+                    "best": _mean([_best(r, metric) for r in rows]),
                     "epochs_used": sum(int(r.get("epochs_used") or 0) for r in rows),
                     "epochs": max(int(r.get("epochs_used") or 0) for r in rows),
                     "rung": rows[0].get("rung"), "status": rows[0].get("status")})
@@ -96,6 +110,7 @@ def leaderboard(table: RowTable, axes: Iterable[str], first_rung: dict[int, floa
             "on": "the first rung" if first_rung else "the last value",
             "leaders": [{"rank": i + 1, "trial": t["trial"], "status": t["status"],
                          "rung": t["rung"], "epochs": t["epochs"], "value": t["value"],
+                         "best": t["best"],
                          "values": {k: t["rows"][0].get(k) for k in axes},
                          "runs": [r.get("id") for r in t["rows"]]}
                         for i, t in enumerate(ranked[:top])],
@@ -138,26 +153,38 @@ def board_of(root: Any, table: RowTable, experiment: str, *, top: int = TOP,
     return leaderboard(mine, axes, first_rung(root, found[0].get("search")), top=top)
 
 
-METRIC_COLUMN = 5  # where leaderboard_cells puts the metric
+METRIC_COLUMN = 5  # where leaderboard_cells puts the metric the trials are ranked by
+AT_RUNG_END = "at rung end"  # what that column holds, said in its header and the notes
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else f"{value:.4g}"
 
 
 def leaderboard_cells(board: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The leaderboard's header and rows as text: one formatter for the CLI and the interface."""
+    """The leaderboard's header and rows as text: one formatter for the CLI and the interface.
+    The value ranked by is labelled as the one at the rung's end, the best beside it."""
     arrow = "↓" if board["mode"] == "min" else "↑"
     keys = list(board["leaders"][0]["values"]) if board["leaders"] else []
-    head = ["RANK", "TRIAL", "STATUS", "RUNG", "EPOCHS", f"{board['metric']}{arrow}", *keys]
+    head = ["RANK", "TRIAL", "STATUS", "RUNG", "EPOCHS", f"{board['metric']}{arrow} {AT_RUNG_END}",
+            f"best {board['metric']}{arrow}", *keys]
     rows = [[str(t["rank"]), f"t{t['trial']}", str(t["status"]),
              "-" if t["rung"] is None else f"r{t['rung']}", str(t["epochs"]),
-             "-" if t["value"] is None else f"{t['value']:.4g}",
+             _cell(t["value"]), _cell(t.get("best")),
              *(f"{v:.4g}" if isinstance(v, float) else str(v) for v in t["values"].values())]
             for t in board["leaders"]]
     return head, rows
 
 
 def leaderboard_notes(board: dict[str, Any]) -> list[str]:
-    """The budget the search used and each parameter's rank correlation with the metric."""
+    """What the two values are, the budget the search used and each parameter's rank
+    correlation with the metric."""
+    arrow = "↓" if board["mode"] == "min" else "↑"
     share = board["epochs_used"] / board["epochs_full"] if board["epochs_full"] else 0.0
-    lines = [f"budget used: {board['epochs_used']:,} of {board['epochs_full']:,} epochs "
+    lines = [f"{board['metric']}{arrow} {AT_RUNG_END}: each trial's evaluation at the end of the "
+             "last rung it reached (the mean over its seeds), what the search ranks by; best: "
+             "its best evaluation (what `gridrun ls` shows as BEST)",
+             f"budget used: {board['epochs_used']:,} of {board['epochs_full']:,} epochs "
              f"({share:.0%}) that every trial trained to {board['max_epochs']} would take"]
     rho = ", ".join(f"{k} {'n/a' if v is None else f'{v:+.2f}'}"
                     for k, v in board["spearman"].items())

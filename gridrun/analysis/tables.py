@@ -203,9 +203,11 @@ def format_leaderboard(board: dict[str, Any], experiment: str, fmt: str = "table
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         keys = list(board["leaders"][0]["values"]) if board["leaders"] else []
-        writer.writerow(["rank", "trial", "status", "rung", "epochs", board["metric"], *keys])
+        # the metric's column is at the rung's end, as before; best_<metric> was added after it
+        writer.writerow(["rank", "trial", "status", "rung", "epochs", board["metric"],
+                         f"best_{board['metric']}", *keys])
         writer.writerows([t["rank"], t["trial"], t["status"], t["rung"], t["epochs"], t["value"],
-                          *t["values"].values()] for t in board["leaders"])
+                          t.get("best"), *t["values"].values()] for t in board["leaders"])
         return out.getvalue()
     head, rows = leaderboard_cells(board)
     below = leaderboard_notes(board)

@@ -162,10 +162,11 @@ def _build(root: Path, found: list[_Found], out: Rebuilt) -> None:
 def _restore_rung_results(store: Any, root: Path, found: list[_Found]) -> int:
     """Each search trial's result at every rung it passed, read back from its metrics log
     (the evaluation at that epoch's end), as the engine kept them while the trials
-    paused: without them a rebuilt search waits forever for its rungs' decisions, and
-    with them the engine takes the decisions it had taken (they are a function of
-    these results). How many were kept."""
-    from gridrun.engine.search import SCHEDULER, rung_value
+    paused, and the decisions they give: without them a rebuilt search waits forever
+    for its rungs' decisions, and with them its decisions are those it had (they are a
+    function of these results; the engine carries out those its trials still wait
+    for). How many results were kept."""
+    from gridrun.engine.search import SCHEDULER, decisions_of, rung_value, scheduled
     from gridrun.runs.store_search import RungResult
     from gridrun.spec.search import bracket_of, rungs
 
@@ -173,7 +174,7 @@ def _restore_rung_results(store: Any, root: Path, found: list[_Found]) -> int:
     for f in found:
         spec, search = f.spec, f.spec.search or {}
         if spec.trial is None or search.get("scheduler") != SCHEDULER \
-                or f.status not in (states.WAITING, states.COMPLETED):
+                or f.status not in (states.WAITING, states.COMPLETED, states.STOPPED):
             continue
         steps = rungs(search["min_epochs"], search["max_epochs"], search["eta"],
                       bracket_of(spec.trial, search.get("brackets", 1)))
@@ -185,6 +186,13 @@ def _restore_rung_results(store: Any, root: Path, found: list[_Found]) -> int:
                    for epoch, value in sorted(at.items())]
         store.add_search(search["id"], spec.experiment, search)
         kept += store.record_results(search["id"], results)
+    trials: dict[str, list[Any]] = {}
+    for run in store.list_runs(config_has=f'"{SCHEDULER}"'):
+        if (search := scheduled(run)) is not None:
+            trials.setdefault(search["id"], []).append(run)
+    for search_id, runs in trials.items():
+        store.record_decisions(search_id, decisions_of(scheduled(runs[0]) or {}, runs,
+                                                       store.search_results(search_id)))
     return kept
 
 
@@ -270,10 +278,26 @@ def _read_folder(run_dir: Path) -> _Found:
                                      "note": f"diverged at step {s.diverged_step} (rebuilt)"}, order)
     if status == states.OOM:
         return _Found(spec, status, {**common, "error": error, "note": "out of memory (rebuilt)"}, order)
-    if status == states.WAITING:  # a search's trial at a rung (or stopped there): decided again
+    if status == states.WAITING:  # a search's trial at a rung: decided again
         return _Found(spec, status, {**common, "note": f"rebuilt: waiting at epoch {s.epoch} for "
                                      "its rung's decision"}, order)
+    if status == states.STOPPED:  # stopped by its search at a rung: a decision that stands
+        return _Found(spec, status, {**common, "note": f"{_stopped_at(spec, s.epoch)} (rebuilt)"},
+                      order)
     raise ValueError(f"its summary.json says status {status!r}")
+
+
+def _stopped_at(spec: Any, epoch: int | None) -> str:
+    """`stopped at rung 1 (epoch 3)`, as the engine's note begins (its reason is not kept)."""
+    from gridrun.engine.search import SCHEDULER
+    from gridrun.spec.search import bracket_of, rungs
+
+    search = spec.search or {}
+    if search.get("scheduler") != SCHEDULER or spec.trial is None:
+        return f"stopped by its search at epoch {epoch}"
+    steps = rungs(search["min_epochs"], search["max_epochs"], search["eta"],
+                  bracket_of(spec.trial, search.get("brackets", 1)))
+    return f"stopped at rung {steps.index(epoch) if epoch in steps else 0} (epoch {epoch})"
 
 
 def _time(value: Any) -> float | None:

@@ -7,6 +7,16 @@ Every decision comes from the store's results alone and is written before it is
 carried out, so an engine killed at any point takes, on its restart, the same
 decisions and carries out those it had not; the backends (local, Ray, SLURM)
 only run trials and never decide.
+
+A stop is the store's transition, then the trial's summary.json (which the worker
+left saying `waiting`) rewritten to say `stopped`, so that the folder, `load_run`
+and a store rebuilt from the folders agree with the store. An engine that dies
+between the two, or a write that fails (a full disk), is healed by the next pass:
+an engine's first look at a search reads the summaries of its stopped trials once,
+and a write that failed is tried again each pass until it succeeds. A promoted
+trial's summary.json keeps saying `waiting` at its rung until its next stretch
+ends and the worker writes it again: it records where the trial last paused, and
+a store rebuilt meanwhile decides that rung again from it.
 """
 
 from __future__ import annotations
@@ -16,10 +26,12 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from gridrun.engine import promotion
-from gridrun.runs import records, states
+from gridrun.runs import records, runlog, states
+from gridrun.runs.layout import UnsafePath
 from gridrun.runs.store import Run, Store
 from gridrun.runs.store_search import RungResult
 from gridrun.spec.search import bracket_of, rungs
@@ -111,6 +123,9 @@ class Searches:
         self.store = store
         self._known: set[str] = set()
         self._next = 0.0
+        self._checked: set[str] = set()  # searches whose stopped trials' summaries were read
+        self._unwritten: dict[str, Path] = {}  # stopped runs whose summary.json is to say so
+        self._said: set[str] = set()  # those whose failed rewrite was logged
 
     def update(self, *, ended: bool = True) -> int:
         """Decide and carry out what can be; how many runs it moved. Without `ended`
@@ -128,13 +143,38 @@ class Searches:
                 by_search[search["id"]].append(run)
         moved = 0
         for search_id, runs in by_search.items():
+            if search_id not in self._checked:  # stopped by an engine that died before rewriting
+                self._checked.add(search_id)
+                self._unwritten.update({r.id: r.run_dir(self.store.root) for r in runs
+                                        if r.status == states.STOPPED})
             if any(r.status == states.WAITING for r in runs):
                 moved += self._one(search_id, runs)
             elif ended:  # the last rung's results, for the views (nothing left to decide)
                 metric = (scheduled(runs[0]) or {})["metric"]
                 self.store.record_results(search_id, [r for r in (result_of(run, metric)
                                                                   for run in runs) if r])
+        self._restate()
         return moved
+
+    def _restate(self, only: str | None = None) -> None:
+        """Each stopped run's summary.json (or `only` that one's) says `stopped`: the store
+        says so first. One that cannot be written now (a full disk) is tried again at the
+        next pass; one that is a link is never read nor written through. Each said once."""
+        for run_id, folder in list(self._unwritten.items()):
+            if only is not None and run_id != only:
+                continue
+            try:
+                runlog.restate_summary(folder, states.STOPPED)
+            except UnsafePath as e:
+                log.warning("%s: its summary.json is left as it is: %s", run_id, e)
+            except OSError as e:
+                if run_id not in self._said:
+                    self._said.add(run_id)
+                    log.warning("%s: its summary.json does not say stopped yet (%s); tried "
+                                "again at each pass", run_id, e.strerror or e)
+                continue
+            del self._unwritten[run_id]
+            self._said.discard(run_id)
 
     def _one(self, search_id: str, runs: list[Run]) -> int:
         search = scheduled(runs[0]) or {}
@@ -166,10 +206,15 @@ class Searches:
                         run.id, states.WAITING, states.QUEUED, config=spec.to_dict(),
                         ended_at=None, note=f"promoted at rung {k} (epoch {d.epoch}, {d.reason}); "
                                             f"trains on to epoch {after}")
-                else:
+                else:  # the store's copy of the summary says stopped with it (exports read it)
+                    summary = {**run.summary, "status": states.STOPPED} if run.summary else None
                     ok = self.store.transition(
                         run.id, states.WAITING, states.STOPPED, ended_at=time.time(),
-                        note=f"stopped at rung {k} (epoch {d.epoch}): {d.reason}")
+                        note=f"stopped at rung {k} (epoch {d.epoch}): {d.reason}",
+                        **({"summary": summary} if summary else {}))
+                    if ok:  # then the folder's: the next pass heals a death in between
+                        self._unwritten[run.id] = run.run_dir(self.store.root)
+                        self._restate(run.id)
                 if ok:
                     moved += 1
                     log.info("%s trial %d %s at epoch %d", run.id, d.trial,

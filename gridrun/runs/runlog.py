@@ -8,7 +8,8 @@ The shape of a line is records.py's; every reader (analysis, exports, the CLI's
 progress lines, the interface) goes through `read`/`parse` here, which treat
 each line as untrusted: a line that is not a record (see `records.record`) is
 skipped and counted, never a crash. `read_summary` does the same for
-summary.json.
+summary.json; `restate_summary` is how the engine changes a summary the worker
+left (a search's trial stopped at its rung), through `write_summary`.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import contextlib
 import json
 import math
 import os
-from collections.abc import Iterator
+import secrets
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gridrun.runs import nofollow, space
+from gridrun.runs import layout, nofollow, space
 from gridrun.runs.layout import UnsafePath
 from gridrun.runs.records import Summary, record
 
@@ -205,3 +207,67 @@ def read_summary(path: str | os.PathLike) -> Summary | None:
             return Summary.from_json(json.loads(f.read(SUMMARY_MAX)))
     except (OSError, ValueError, RecursionError, UnsafePath):
         return None
+
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _run_folder_fd(run_dir: str | os.PathLike) -> int:
+    """A descriptor of ROOT/EXPERIMENT/RUN: the experiment and run folders opened
+    without following a link (the root itself may be one), as nofollow.py reads."""
+    folder = Path(os.path.abspath(run_dir))
+    fd = os.open(folder.parent.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in (folder.parent.name, folder.name):
+            inner = os.open(name, _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_summary(run_dir: str | os.PathLike, summary: Mapping[str, Any]) -> None:
+    """RUN_DIR/summary.json, atomically and never through a link: a new temporary file
+    (O_EXCL, 0600) in the run folder opened by descriptor, fsynced, renamed over
+    summary.json (a link there is replaced, not written through), the folder fsynced.
+    On any failure summary.json is as it was and no temporary file is left."""
+    data = json.dumps(dict(summary), indent=1, allow_nan=False, default=str).encode()
+    dir_fd = _run_folder_fd(run_dir)
+    try:
+        tmp = f".{layout.SUMMARY}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, layout.SUMMARY, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def restate_summary(run_dir: str | os.PathLike, status: str) -> bool:
+    """RUN_DIR/summary.json with its `status` set (every other field as the worker wrote
+    it), through `write_summary`; False where there is nothing to change: it says so
+    already, or there is no summary (missing, not one) to restate. A link at
+    summary.json raises layout.UnsafePath (never read, never written through); a
+    write that fails, OSError."""
+    try:
+        raw = nofollow.read_bytes(Path(run_dir) / layout.SUMMARY, limit=SUMMARY_MAX)
+        data = _DECODER.decode(raw.decode())
+    except FileNotFoundError:
+        return False
+    except (ValueError, RecursionError):  # garbage: not a summary to restate
+        return False
+    if not isinstance(data, dict) or data.get("status") == status:
+        return False
+    write_summary(run_dir, {**data, "status": status})
+    return True

@@ -7,7 +7,6 @@ SIGTERM or SIGINT asks the loop to checkpoint at the next step boundary.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -16,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from gridrun.runs import layout, space, states
+from gridrun.runs import layout, runlog, space, states
 from gridrun.runs.records import Summary
 
 
@@ -32,12 +31,7 @@ def json_safe(value: Any) -> Any:
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    tmp = run_dir / (layout.SUMMARY + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(summary, f, indent=1, allow_nan=False, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, run_dir / layout.SUMMARY)
+    runlog.write_summary(run_dir, summary)  # the one writer: atomic, never through a link
 
 
 def read_config(run_dir: Path) -> Any:
