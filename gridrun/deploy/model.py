@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from gridrun.deploy.formats import DeployError
-from gridrun.runs import layout, runlog
+from gridrun.runs import layout, nofollow, runlog
 from gridrun.runs.records import Summary
-from gridrun.spec import RunSpec, read_run_config
+from gridrun.spec import RunSpec, parse_run_config
 from gridrun.tasks import Task, resolve
 from gridrun.train import checkpoint
 
@@ -34,13 +34,15 @@ CHECKPOINTS = {"best": checkpoint.BEST, "last": checkpoint.LAST}
 FORMATS = {"onnx": "model.onnx", "pt2": "model.pt2", "torchscript": "model.ts.pt"}
 EXPORT_DIR = "export"  # inside the run folder, unless -o says otherwise
 PARITY, MODEL_JSON = "parity.json", "model.json"
+CONFIG_MAX = 1 << 20  # a run's config.toml is a few kB: more is not one of ours
 
 
 def find_run(path_or_id: str | os.PathLike, root: str | os.PathLike | None = None) -> Path:
     """A run folder given as a path, or the folder of the run whose id starts with `path_or_id`."""
     path = Path(path_or_id)
     if (path / layout.CONFIG).is_file():
-        return path
+        # a path the user typed is theirs to resolve; inside the run, nothing is followed
+        return Path(os.path.realpath(path))
     root = Path(root) if root is not None else layout.default_root()
     prefix = str(path_or_id)
     if (root / layout.DB_NAME).exists():
@@ -122,9 +124,13 @@ class LoadedRun:
         return path
 
     def state(self, which: str = "best", device: str | torch.device = "cpu") -> dict[str, Any]:
+        path = self.checkpoint_path(which)
         try:
-            state = checkpoint.load(self.checkpoint_path(which), device)
-        except checkpoint.CheckpointError as e:
+            with nofollow.open_file(path) as f:  # checkpoints/ and the run folder: no link
+                state = checkpoint.load(path, device, file=f)
+        except FileNotFoundError:
+            state = None
+        except (checkpoint.CheckpointError, layout.UnsafePath) as e:
             raise DeployError(str(e)) from None
         if state is None or "model" not in state:
             raise DeployError(f"{self.checkpoint_path(which)} holds no model weights")
@@ -179,7 +185,9 @@ def load_run(path_or_id: str | os.PathLike, root: str | os.PathLike | None = Non
     """A run folder, or a run id (a unique prefix) of `root` (default ./runs or $GRIDRUN_ROOT)."""
     folder = find_run(path_or_id, root)
     try:
-        spec = read_run_config(folder / layout.CONFIG)
+        spec = parse_run_config(nofollow.read_bytes(folder / layout.CONFIG, limit=CONFIG_MAX))
+    except layout.UnsafePath as e:
+        raise DeployError(str(e)) from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DeployError(f"{folder}: no readable {layout.CONFIG} ({e})") from None
     return LoadedRun(folder=folder, spec=spec,

@@ -14,7 +14,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -63,11 +63,13 @@ def save(state: dict[str, Any], path: str | os.PathLike, *, keep_previous: bool 
         os.close(dir_fd)
 
 
-def load(path: str | os.PathLike, device: torch.device | str = "cpu") -> dict[str, Any] | None:
-    """The checkpoint at `path`, or None when there is none; CheckpointError when it is damaged."""
+def load(path: str | os.PathLike, device: torch.device | str = "cpu",
+         file: BinaryIO | None = None) -> dict[str, Any] | None:
+    """The checkpoint at `path` (read from `file` when the caller opened it, without
+    following a link), or None when there is none; CheckpointError when it is damaged."""
     path = Path(path)
     try:
-        state = torch.load(path, map_location=device, weights_only=True)
+        state = torch.load(path if file is None else file, map_location=device, weights_only=True)
     except FileNotFoundError:
         return None
     except Exception as exc:
