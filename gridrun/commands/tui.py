@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, open_root
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, refuse_early
 
 
 def open_app(root: Path, file: Path | None = None) -> None:
@@ -20,7 +20,7 @@ def open_app(root: Path, file: Path | None = None) -> None:
     from gridrun.tui.app import GridrunApp
     from gridrun.tui.store_source import StoreSource
 
-    open_root(root)  # as every command: one line, nothing created
+    refuse_early(root)  # as every command: one line, nothing created; a missing root opens empty
     try:
         source = StoreSource(root)  # creates nothing: a missing root is "no such root"
     except (StoreError, UnsafePath, NoSuchRoot) as e:  # later trouble: the bridge's notification
