@@ -153,3 +153,28 @@ def test_more_problems(tmp_path, text, words):
     result = plan(str(f))
     assert result.exit_code == 2, result.output
     assert words in result.stderr
+
+
+@pytest.mark.parametrize("task, key, meant", [
+    ("spirals", "n_layers", "depth"),      # issue 35: it was 'dropout_layers'
+    ("spirals", "num_layers", "depth"),
+    ("sort", "n_layers", "layers"),
+    ("sort", "num_layer", "layers"),
+    ("spirals", "hidden_size", "hidden"),
+    ("spirals", "n_hidden", "hidden"),
+    ("spirals", "hiden", "hidden"),
+    ("spirals", "dropout_rate", "dropout"),  # its own parameter, not the trainer switch
+    ("spirals", "layers", "depth"),        # not 'dropout_layers' (a trainer switch)
+    ("spirals", "n_heads", None),          # nothing near: no guess rather than a wrong one
+    ("sort", "n_blocks", None),
+])
+def test_a_misspelled_task_key_gets_the_key_it_means_or_none(tmp_path, task, key, meant):
+    f = tmp_path / "e.toml"
+    f.write_text(f'[experiments.a]\ntask = "{task}"\n{key} = 2\n')
+    result = plan(str(f))
+    assert result.exit_code == 2, result.output
+    assert f"unknown key {key!r}" in result.stderr
+    if meant is None:
+        assert "did you mean" not in result.stderr, result.stderr
+    else:
+        assert f"(did you mean {meant!r}?)" in result.stderr, result.stderr

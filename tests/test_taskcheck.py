@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gridrun.cli import app
+from gridrun.commands.plan import REFUSED
 from gridrun.runs.store import Store
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "experiments.toml"
@@ -103,7 +104,7 @@ def test_early_stop_metric_not_among_the_metrics(tmp_path):
                         "is not among its metrics 'loss', 'accuracy'")
     assert lines[1].endswith("early_stop_metric 'acuracy' is not among its metrics 'loss', "
                              "'accuracy' (did you mean 'accuracy'?)")
-    assert lines[2] == f"2 problems in {spec}; nothing was queued."
+    assert lines[2] == f"2 problems in {spec}; {REFUSED}"
 
 
 def test_early_stop_metric_abbreviated_gets_a_did_you_mean_and_derived_ones_count(tmp_path):
@@ -119,7 +120,7 @@ def test_early_stop_metric_abbreviated_gets_a_did_you_mean_and_derived_ones_coun
                              "'accuracy' (did you mean 'accuracy'?)")
     assert lines[1].endswith("early_stop_metric 'ppl' is not among its metrics 'loss', 'acc', "
                              "'perplexity', 'error' (did you mean 'perplexity'?)")
-    assert lines[2] == f"2 problems in {spec}; nothing was queued."  # g is fine
+    assert lines[2] == f"2 problems in {spec}; {REFUSED}"  # g is fine
 
 
 def test_every_mistake_of_a_file_at_once_and_one_never_stops_the_others(tmp_path):
@@ -134,7 +135,7 @@ def test_every_mistake_of_a_file_at_once_and_one_never_stops_the_others(tmp_path
         assert any(f"[experiments.{factory.replace('_', '-')}]" in p for p in check["problems"])
     assert not any("[experiments.good]" in p for p in check["problems"])
     assert len(check["configs"]) == len(MISTAKES) + 1
-    assert err.splitlines()[-1] == f"{len(check['problems'])} problems in {spec}; nothing was queued."
+    assert err.splitlines()[-1] == f"{len(check['problems'])} problems in {spec}; {REFUSED}"
 
 
 def test_a_problem_in_some_cells_names_them(tmp_path):
@@ -189,3 +190,13 @@ def test_the_check_leaves_the_random_state_and_threads_alone():
     torch.manual_seed(7)
     check_runs(load_runs(EXAMPLE)[:1], EXAMPLE)
     assert torch.equal(torch.rand(3), expected) and torch.get_num_threads() == threads
+
+
+def test_plan_check_never_says_nothing_was_queued_as_plan_never_queues(tmp_path):
+    # issue 35: the last line fits the command that printed it; queue keeps its line
+    spec = write(tmp_path, '[experiments.e]\ntask = "bad_tasks:non_scalar_loss"\n')
+    code, _, err = gridrun("plan", "--check", str(spec))
+    assert code == 2 and "not a scalar" in err
+    assert "queued" not in err
+    assert err.splitlines()[-1] == (f"1 problem in {spec}; `gridrun queue` and `gridrun run` "
+                                    "would refuse the file.")

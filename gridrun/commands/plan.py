@@ -54,12 +54,17 @@ def check_tasks(file: Path, runs, *, quiet: bool = False):
     return report
 
 
-def fail_on_problems(file: Path, report) -> None:
-    """Every problem of the task check on stderr and exit 2; nothing when it passed."""
+QUEUED = "nothing was queued."  # `gridrun queue` and `run`: they refused the file
+REFUSED = "`gridrun queue` and `gridrun run` would refuse the file."  # `plan --check` queues nothing
+
+
+def fail_on_problems(file: Path, report, outcome: str = QUEUED) -> None:
+    """Every problem of the task check on stderr and exit 2; nothing when it passed.
+    The last line says what came of them for the command that checked (`outcome`)."""
     if report.problems:
         n = len(report.problems)
         fail("\n".join(map(str, report.problems))
-             + f"\n{n} problem{'s' if n != 1 else ''} in {file}; nothing was queued.")
+             + f"\n{n} problem{'s' if n != 1 else ''} in {file}; {outcome}")
 
 
 def checked_text(report) -> str:
@@ -181,4 +186,4 @@ def register(app: typer.Typer) -> None:
             if standing is not None:
                 typer.echo(in_root_text(standing))
         if report is not None:
-            fail_on_problems(file, report)
+            fail_on_problems(file, report, REFUSED)

@@ -66,9 +66,42 @@ class SpecError(Exception):
         super().__init__("\n".join(str(p) for p in problems))
 
 
-def nearest(name: str, candidates: Iterable[str]) -> str | None:
-    found = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+def nearest(name: str, candidates: Iterable[str], cutoff: float = 0.6) -> str | None:
+    found = difflib.get_close_matches(name, list(candidates), n=1, cutoff=cutoff)
     return found[0] if found else None
+
+
+COUNT_WORDS = frozenset({"n", "num", "number", "nb", "of"})  # n_layers, num_layers: layers
+WORD_SYNONYMS = {"layer": "depth"}  # a model's depth is its number of layers
+
+
+def key_words(name: str) -> frozenset[str]:
+    """What a key names, as words: its `_`/`-`/`.` tokens lower-cased, singular, without
+    count words, synonyms made one (`n_layers`, `num_layer`, `layers` and `depth` alike)."""
+    words = set()
+    for token in re.split(r"[_\-.\s]+", name.lower()):
+        if not token or token in COUNT_WORDS:
+            continue
+        if len(token) > 3 and token.endswith("s") and not token.endswith("ss"):
+            token = token[:-1]
+        words.add(WORD_SYNONYMS.get(token, token))
+    return frozenset(words)
+
+
+def nearest_key(name: str, known: Iterable[str]) -> str | None:
+    """The one key `name` most likely means, or None rather than a poor guess: the key
+    naming the same words (`n_layers`: layers, or depth), else the one key whose words
+    `name` holds with more (`hidden_size`: hidden, `dropout_rate`: dropout), else a close
+    spelling (difflib at 0.75: `lrr`: lr; not `n_layers`: dropout_layers, at 0.64)."""
+    known = [k for k in known if k != name]
+    words = key_words(name)
+    same = [k for k in known if words and key_words(k) == words]
+    if same:
+        return same[0] if len(same) == 1 else None  # two as likely: no guess
+    inside = [k for k in known if key_words(k) and key_words(k) < words]
+    if len(inside) == 1:
+        return inside[0]
+    return nearest(name, known, cutoff=0.75)
 
 
 def suggest_metric(name: str, metrics: Iterable[str]) -> str | None:

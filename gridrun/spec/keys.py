@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gridrun.spec import sources
-from gridrun.spec.errors import nearest, printable, toml_type
+from gridrun.spec.errors import nearest, nearest_key, printable, toml_type
 
 GPU_THREADS = 4  # threads = "auto" on a GPU run: min(this, usable cores) (train/threads.py)
 RESERVED = ("task", "grid", "zip", "ablations", "seeds", "search")  # the matrix's own keys, not run keys
@@ -219,14 +219,15 @@ VALUE_ALIASES: dict[str, dict[str, str]] = {
 
 def suggest_key(name: str, known: Iterable[str]) -> str | None:
     """The key a person most likely meant: an alias we know, the same name in
-    another case or with dashes, else the nearest spelling."""
+    another case or with dashes, else the key naming the same words or the nearest
+    spelling (`nearest_key`); None rather than a poor guess."""
     known = list(known)
     folded = name.lower().replace("-", "_")
     for candidate in (name, folded):
         if candidate in KEY_ALIASES and KEY_ALIASES[candidate] in known:
             return KEY_ALIASES[candidate]
     same = [k for k in known if k.lower().replace("-", "_") == folded and k != name]
-    return same[0] if same else nearest(name, known)
+    return same[0] if same else nearest_key(name, known)
 
 
 def suggest_choice(key: Key, value: Any) -> str | None:

@@ -264,16 +264,31 @@ def settle(cfg: Mapping[str, Any], task: Any, seed: int, device: torch.device, t
 
 
 def storage(dataset: Any) -> str | None:
-    """How a dataset reads its samples, when it says so ("files", "lmdb", "hdf5"),
-    looking through wrappers (`.dataset`, `.records`)."""
+    """How a dataset reads its samples, when it says so ("files", "lmdb", "hdf5"), or
+    "memory" for tensors held already (a TensorDataset, a tensor), looking through
+    wrappers (a Subset's `.dataset`, `.records`; a ConcatDataset whose parts agree)."""
     for _ in range(4):
         if dataset is None:
             return None
         kind = getattr(dataset, "storage", None)
         if isinstance(kind, str):
             return kind
-        dataset = getattr(dataset, "dataset", None) or getattr(dataset, "records", None)
+        if isinstance(dataset, torch.utils.data.TensorDataset | torch.Tensor):
+            return MEMORY
+        if isinstance(dataset, torch.utils.data.ConcatDataset):
+            kinds = {storage(part) for part in dataset.datasets}
+            return kinds.pop() if len(kinds) == 1 else None
+        inner = getattr(dataset, "dataset", None)  # never `or`: a tensor has no truth value
+        dataset = inner if inner is not None else getattr(dataset, "records", None)
     return None
+
+
+MEMORY = "memory"  # storage(): the samples are tensors in memory already, nothing to pack
+IN_MEMORY = ("a larger batch_size: its samples are tensors in memory already (a TensorDataset), "
+             "nothing to read or pack; what is left is the loader's cost per batch, shared by "
+             "more samples")
+FEWER_WORKERS = ("fewer workers: each batch of tensors in memory is copied from a worker to the "
+                 "training process; num_workers = 0 may be faster")
 
 
 def input_bound(cfg: Mapping[str, Any], dataset: Any, summary: Mapping[str, Any], waited: float,
@@ -290,6 +305,7 @@ def input_bound(cfg: Mapping[str, Any], dataset: Any, summary: Mapping[str, Any]
     # loading pace (samples over the time it spent loading); with workers, their share
     per_process = (samples / waited if workers == 0 else delivered / workers) if waited else None
     loader = (summary.get("environment") or {}).get("loader")
+    kind = storage(dataset)
     remedies = []
     if isinstance(loader, dict) and len(loader["trials"]) > 1:
         tried = ", ".join(f"{t['num_workers']}: {t['samples_per_s'] or 0:,.0f}"
@@ -297,6 +313,8 @@ def input_bound(cfg: Mapping[str, Any], dataset: Any, summary: Mapping[str, Any]
                           loader["trials"][0]["prefetch_factor"])
         remedies.append(f"more workers will not do it here: the probe measured (workers: "
                         f"samples/s) {tried} on {loader['cores']} cores and chose {workers}")
+    elif kind == MEMORY and workers:  # more workers copy more: fewer may do it
+        remedies.append(FEWER_WORKERS)
     elif per_process:
         needed = math.ceil(model / per_process) if model else None
         remedies.append(
@@ -306,10 +324,11 @@ def input_bound(cfg: Mapping[str, Any], dataset: Any, summary: Mapping[str, Any]
             + (f"; about {needed} would keep up with the model" if needed else "")
             + '; num_workers = "auto" measures the settings at the start of the run '
             "(`gridrun tune-loader FILE RUN` measures them now)")
-    kind = storage(dataset)
     if kind == "files":
         remedies.append("packing: it reads one file per sample; `gridrun pack DIR -o DIR.lmdb` "
                         "puts the same bytes in one file (data = \"DIR.lmdb\")")
+    elif kind == MEMORY:  # packing helps only what reads files
+        remedies.append(IN_MEMORY)
     elif kind is None:
         remedies.append("packing, if it reads one file per sample (`gridrun pack`)")
     text = (f"input-bound: {share:.0%} of the training time waited for data ({delivered:,.0f} "

@@ -148,6 +148,8 @@ class Table:
     best: frozenset[tuple[int, int]] = frozenset()
     note: str = ""
     kind: str = "ablation"  # or "leaderboard": a search's trials, best first
+    names: int = 0  # the first columns name the rows (an ablation's keys and seeds)
+    lead: tuple[int, ...] = ()  # the early-stop metric's columns (value, Δ, p): first after them
 
 
 @dataclass(frozen=True)

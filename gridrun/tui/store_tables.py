@@ -23,6 +23,19 @@ def named(header: tuple[str, ...], value: str | None) -> tuple[str, ...]:
                  and not h.startswith("Δ") else h for h in header)
 
 
+def lead(header: tuple[str, ...], tracked: list[str]) -> tuple[int, ...]:
+    """The columns of the one metric the runs stop early on (table_cells' `f1 ↑`, then
+    its `Δ f1` and `p` in an ablation), which the compare screen shows first; () without
+    one."""
+    if len(tracked) != 1:
+        return ()
+    for j, h in enumerate(header):
+        if h in (f"{tracked[0]} ↑", f"{tracked[0]} ↓"):
+            more = header[j + 1:j + 3] == (f"Δ {tracked[0]}", "p")
+            return tuple(range(j, j + 3 if more else j + 1))
+    return ()
+
+
 class StoreTables:
     """A base of StoreSource: it reads `root` and `store` (the store is replaced when
     the root gets one, so it is read on each call, never kept)."""
@@ -69,7 +82,9 @@ class StoreTables:
         if shown is None or shown[0] is not t:
             c = tables.table_cells(t)
             table = Table(experiment, named(c.header, t.attrs.get("value")), c.rows, c.best,
-                          note="\n".join([tables.legend(t, "bold:"), *t.attrs["notes"]]))
+                          note="\n".join([tables.legend(t, "bold:"), *t.attrs["notes"]]),
+                          names=c.header.index("seeds") + 1 if "seeds" in c.header else 0,
+                          lead=lead(c.header, t.attrs.get("tracked") or []))
             same = shown is not None and shown[1] == table  # e.g. a live run's log grew
             shown = self._shown[experiment] = (t, shown[1] if same else table)
         return shown[1]

@@ -17,7 +17,10 @@ from textual.widgets import DataTable, Static
 from gridrun.tui.guard import refresh
 from gridrun.tui.screens.detail import QUIT
 from gridrun.tui.source import Table
+from gridrun.tui.widgets.compare_columns import Arranged, arrange
 from gridrun.tui.widgets.keys import KeyBar
+
+SCROLLBAR = 2  # cells the table's vertical scrollbar may take
 
 
 class CompareScreen(Screen):
@@ -36,6 +39,7 @@ class CompareScreen(Screen):
         super().__init__()
         self.experiment = experiment
         self.shown: Table | None = None
+        self.arranged: Arranged | None = None  # its columns as shown at the screen's width
         self.by_source = False  # `s`: the spread by source of randomness
 
     def title_text(self) -> str:
@@ -75,18 +79,33 @@ class CompareScreen(Screen):
             return
         self.shown = t
         self.query_one("#title", Static).update(self.title_text())
-        row = dt.cursor_row
-        dt.clear(columns=True)
-        dt.add_columns(*t.columns)
-        for i, cells in enumerate(t.rows):
-            dt.add_row(*(Text(c, style="bold reverse" if (i, j) in t.best else "")
-                         for j, c in enumerate(cells)))
-        if t.rows:
-            dt.move_cursor(row=min(row, len(t.rows) - 1))
+        self.fill(t)
         note = t.note or ("no runs yet" if not t.rows else "")
         if not self.by_source and "vary" in t.columns:  # an experiment that varies its sources
             note += "\ns: the spread of each metric by source of randomness"
         self.query_one("#note", Static).update(note)
+
+    def fill(self, t: Table) -> None:
+        """The table's columns as they fit the screen (widgets/compare_columns.py): the
+        early-stop metric's right after the rows' names, the others' headers short when
+        the whole does not fit."""
+        dt = self.query_one(DataTable)
+        self.arranged = shown = arrange(t, self.size.width - SCROLLBAR)
+        row = dt.cursor_row
+        dt.clear(columns=True)
+        dt.fixed_columns = shown.frozen
+        dt.add_columns(*shown.labels)
+        for i, cells in enumerate(t.rows):
+            dt.add_row(*(Text(cells[j] if j < len(cells) else "",
+                              style="bold reverse" if (i, k) in shown.best else "")
+                         for k, j in enumerate(shown.order)))
+        if t.rows:
+            dt.move_cursor(row=min(row, len(t.rows) - 1))
+
+    def on_resize(self) -> None:
+        if self.shown is not None and self.arranged is not None and \
+                arrange(self.shown, self.size.width - SCROLLBAR) != self.arranged:
+            self.fill(self.shown)
 
     def action_cursor_down(self) -> None:
         self.query_one(DataTable).action_cursor_down()
