@@ -18,7 +18,7 @@ PACKAGE = "gridrun.engine"
 
 # The stack, bottom first: a package may import only the packages before it.
 # `analysis` and `deploy` sit beside the engine: they never import it.
-LAYERS = ["data", "randomness", "tasks", "spec", "runs", "train", "engine", "analysis", "deploy",
+LAYERS = ["userfiles", "data", "randomness", "tasks", "spec", "runs", "train", "engine", "analysis", "deploy",
           "checks", "tui", "commands", "cli", "__main__"]
 SIDE_BY_SIDE = {("analysis", "engine"), ("deploy", "engine"), ("deploy", "analysis")}
 
