@@ -71,3 +71,24 @@ def unexportable(n: int = 64) -> Task:
     return Task(model=nn.Linear(2, 2), train_data=data, val_data=data, loss=loss,
                 evaluate=evaluate, metrics={"loss": "lower"}, preprocess=prep,
                 raw_val_data=TensorDataset(raw, y))
+
+
+def binary(n: int = 128) -> Task:
+    """A binary classifier with one logit per sample ([batch, 1]), trained with BCE: the
+    positive class is the logit above 0, whatever its size."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 2, generator=g)
+    y = (x[:, 0] > 0).float()
+
+    def loss(model, batch):
+        return F.binary_cross_entropy_with_logits(model(batch[0])[:, 0], batch[1])
+
+    def evaluate(model, batch):
+        logit = model(batch[0])[:, 0]
+        return {"loss": (F.binary_cross_entropy_with_logits(logit, batch[1], reduction="sum"),
+                         batch[1].numel()),
+                "accuracy": (((logit > 0).float() == batch[1]).sum(), batch[1].numel())}
+
+    data = TensorDataset(x, y)
+    return Task(model=nn.Linear(2, 1), train_data=data, val_data=data, loss=loss,
+                evaluate=evaluate, metrics={"loss": "lower", "accuracy": "higher"})

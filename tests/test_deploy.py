@@ -202,3 +202,31 @@ def test_the_interface_exports_through_a_subprocess(root):
         source.store.close()
     assert message.startswith(f"exported {run_id} to ") and "parity ok" in message
     assert (folder_of(root, "spirals") / "export" / "best" / "parity.json").is_file()
+
+
+def test_predict_on_a_one_logit_binary_model_thresholds_it(tmp_path):
+    """Argmax over an axis of size 1 is always 0: a one-logit output is decided by its sign,
+    or by 0.5 when model.json declares it a probability (its range 0..1)."""
+    import numpy as np
+
+    folder = make_run(tmp_path, "deploy_tasks:binary", "bin", {})
+    out = tmp_path / "export"
+    result = invoke("export-model", str(folder), "--format", "pt2", "-o", str(out / "model.pt2"),
+                    "--batches", "1")
+    assert result.exit_code == 0, result.output
+    np.save(tmp_path / "x.npy", np.array([[3, 0], [-3, 0], [2, 1], [0.05, 0]], dtype=np.float32))
+    found = json.loads(invoke("predict", str(out), str(tmp_path / "x.npy"), "--json").output)[0]
+    logits = np.array(found["outputs"]["output"])[:, 0]
+    assert logits[0] > 0 > logits[1]
+    assert found["decisions"]["output"] == {"rule": "logit > 0", "values": (logits > 0).astype(int).tolist()}
+    text = invoke("predict", str(out), str(tmp_path / "x.npy"))
+    assert text.exit_code == 0, text.output
+    assert "argmax" not in text.output
+    expected = " ".join(str(int(v)) for v in logits > 0)
+    assert f"  logit > 0 (one output): [{expected}]" in text.output.splitlines()
+    card = json.loads((out / "model.json").read_text())
+    card["outputs"][0]["range"] = [0, 1]
+    (out / "model.json").write_text(json.dumps(card))
+    text = invoke("predict", str(out), str(tmp_path / "x.npy"))
+    expected = " ".join(str(int(v)) for v in logits > 0.5)
+    assert f"  probability > 0.5 (one output): [{expected}]" in text.output.splitlines(), text.output

@@ -29,7 +29,8 @@ def register(app: typer.Typer) -> None:
         shape, layout, value range: a wrong one is refused with what was expected), runs
         the model file (onnxruntime for ONNX, the loaded program for pt2 and TorchScript)
         and prints the outputs: for a classifier, the top classes with their softmax
-        probability. Imports no task or training code: proof that the folder is
+        probability; for a one-output binary model ([batch, 1]), the decision logit > 0
+        (probability > 0.5 when model.json gives the output the range 0..1). Imports no task or training code: proof that the folder is
         self-contained. Exit 2 on a missing file or a wrong input.
         """
         from gridrun.deploy.predict import PredictError, Served, lines, read, result

@@ -321,6 +321,19 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return z / z.sum(axis=-1, keepdims=True)
 
 
+def threshold(spec: dict[str, Any], out: np.ndarray) -> tuple[str, float] | None:
+    """(rule, cut) for a one-output binary model, whose last axis has size 1: argmax over it
+    is always 0, so the decision is the logit's sign, or 0.5 for an output model.json
+    declares a probability (its range within 0..1); None for any other output."""
+    shape = spec.get("shape") or list(out.shape)
+    if out.dtype.kind != "f" or out.ndim < 2 or len(shape) < 2 or shape[-1] != 1:
+        return None
+    declared = spec.get("range")
+    if isinstance(declared, list) and len(declared) == 2 and declared[0] >= 0 and declared[1] <= 1:
+        return "probability > 0.5", 0.5
+    return "logit > 0", 0.0
+
+
 def result(path: Path, feed: dict[str, np.ndarray], outs: list[np.ndarray], served: Served,
            top: int) -> dict[str, Any]:
     """One input's outputs as plain values; top-k per sample for a classifier's output."""
@@ -330,7 +343,12 @@ def result(path: Path, feed: dict[str, np.ndarray], outs: list[np.ndarray], serv
                              "dtypes": {s["name"]: str(o.dtype) for s, o in zip(served.outputs, outs, strict=True)}}
     for spec, out in zip(served.outputs, outs, strict=True):
         names = spec.get("class_names")
-        if names and out.ndim >= 1 and out.shape[-1] == len(names):
+        rule = threshold(spec, out)
+        if rule is not None:
+            found.setdefault("decisions", {})[spec["name"]] = {
+                "rule": rule[0], "values": (out[..., 0] > rule[1]).astype(int).tolist()}
+            continue
+        if names and len(names) > 1 and out.ndim >= 1 and out.shape[-1] == len(names):
             probs = softmax(out.astype(np.float64).reshape(-1, len(names)))
             scores = out.reshape(-1, len(names))
             found.setdefault("top", {})[spec["name"]] = [
@@ -354,7 +372,12 @@ def lines(found: dict[str, Any], served: Served) -> list[str]:
         a = np.asarray(found["outputs"][name], dtype=found["dtypes"][name])
         out.append(f"  {name} {a.dtype} {list(a.shape)}: "
                    + np.array2string(a, precision=4, threshold=40, max_line_width=100).replace("\n", " "))
-        if a.dtype.kind == "f" and a.ndim >= 2:
+        decided = found.get("decisions", {}).get(name)
+        if decided:
+            out.append(f"  {decided['rule']} (one output): "
+                       + np.array2string(np.asarray(decided["values"]), threshold=60,
+                                         max_line_width=100).replace("\n", " "))
+        elif a.dtype.kind == "f" and a.ndim >= 2:
             out.append("  argmax over its last axis: "
                        + np.array2string(a.argmax(-1), threshold=60, max_line_width=100).replace("\n", " "))
     return out
