@@ -225,3 +225,21 @@ def test_a_sigkilled_train_is_resumed_by_the_engine(tmp_path, root):
     r = listed(root)[run_id]
     assert r["status"] == states.COMPLETED and r["summary"]["resumed_from_step"]
     assert "foreground process" in (root / "engine.log").read_text()
+
+
+def test_a_foreground_train_writes_output_log_and_still_prints(tmp_path, root):
+    """What the training prints (stdout and stderr) goes to the terminal and to the run's
+    output.log, as an engine run's does; `gridrun logs` then shows it."""
+    file, run_id = experiment(tmp_path, sleep=0, epochs=1)
+    proc = train(file, root)
+    try:
+        printed, _ = proc.communicate(timeout=120)
+    finally:
+        kill_quietly(proc.pid)
+    assert proc.returncode == 0, printed
+    log = (layout.run_dir(root, "fg", run_id) / layout.OUTPUT).read_text()
+    steps = [line for line in printed.splitlines() if "train step" in line]
+    assert steps and all(line in log.splitlines() for line in steps), (printed, log)
+    assert "completed:" in printed and "completed:" not in log  # gridrun's own end line
+    shown = CliRunner().invoke(app, ["logs", run_id, "--root", str(root)])
+    assert shown.exit_code == 0 and steps[-1] in shown.output.splitlines()

@@ -151,3 +151,34 @@ def test_logs_prints_the_last_lines(tmp_path):
     assert result.output.splitlines() == [f"line {i}" for i in range(999_800, 1_000_000)]
     result = CliRunner().invoke(app, ["logs", spec.id, "-n", "2", "--root", str(root)])
     assert result.output == "line 999998\nline 999999\n"
+
+
+def test_logs_of_a_run_without_output_log_says_so(tmp_path):
+    """Not a silent exit 0: the run has no output.log (not started yet, or trained where
+    none was written), said in one line with what to do."""
+    root = tmp_path / "runs"
+    spec = make_run(seed=4)
+    with Store(root) as store:
+        store.enqueue([RunSpec(**{**spec.__dict__})])
+    prepare(root, spec)
+    result = CliRunner().invoke(app, ["logs", spec.id[:6], "--root", str(root)])
+    assert result.exit_code == 1, result.output
+    (line,) = result.output.splitlines()
+    assert f"{spec.id} has no output.log yet" in line and "queued" in line
+    assert f"gridrun logs -f {spec.id}" in line
+
+
+def test_teed_keeps_stdout_and_stderr_apart_and_writes_both_to_the_log(tmp_path):
+    """A foreground run's output (its subprocesses' too) reaches output.log and still
+    its terminal, stderr on stderr."""
+    log = tmp_path / layout.OUTPUT
+    script = ("import os, sys\nfrom gridrun.runs import outputlog\n"
+              f"with outputlog.teed({str(log)!r}):\n"
+              "    print('to stdout')\n    print('to stderr', file=sys.stderr)\n"
+              "    os.system('echo from a child')\n"
+              "print('after')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["to stdout", "from a child", "after"]
+    assert done.stderr.splitlines() == ["to stderr"]
+    assert sorted(log.read_text().splitlines()) == ["from a child", "to stderr", "to stdout"]

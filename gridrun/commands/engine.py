@@ -323,17 +323,18 @@ def logs(run_id: Annotated[str, typer.Argument(help="A run id (a unique prefix i
     with _reader(root) as store:
         run_id = _resolve(store, [run_id])[0]
         run_ = store.get_run(run_id)
-        path = run_.run_dir(root) / layout.OUTPUT
-        if not path.is_symlink() and not path.exists():  # a link: the Follower refuses it
-            finished = run_.status in states.FINISHED
-            note = outputlog.missing(run_id, run_.status, path.parent, follow=follow_ and not finished)
-            if not follow_ or finished:
-                fail(note, 1)
-            print(note, file=sys.stderr, flush=True)
-        follower = outputlog.Follower(path, lines)
+        follower = outputlog.Follower(run_.run_dir(root) / layout.OUTPUT, lines)
+        said = False
         try:
             while True:
                 text = follower.read()
+                if not follower.opened and not said:  # not there (a link was refused already)
+                    waits = follow_ and run_.status not in states.FINISHED
+                    note = outputlog.missing(run_id, run_.status, run_.run_dir(root), follow=waits)
+                    if not waits:
+                        fail(note, 1)
+                    print(note, file=sys.stderr, flush=True)
+                    said = True
                 if text:
                     sys.stdout.write(text)
                     sys.stdout.flush()

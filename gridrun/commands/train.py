@@ -4,7 +4,8 @@ The run is a run like any other: it is in the store (slot `fg`, this process's
 pid) while it trains, so `gridrun ls` and the interface show it and the engine
 leaves it alone; it ends there with its status and summary. If this process is
 killed outright, the engine (or the next `gridrun train`) sees its pid gone and
-returns the run to the queue.
+returns the run to the queue. What it prints is also kept in the run's output.log,
+by the keeper the engine's runs use (outputlog.teed), so `gridrun logs` shows it.
 """
 
 from __future__ import annotations
@@ -144,9 +145,11 @@ def register(app: typer.Typer) -> None:
         it; the engine leaves it alone). The exit code tells completed (0),
         failed (1), diverged (3), out of memory (4) and interrupted (5) apart;
         ctrl-c checkpoints, exits 5 and leaves the run cancelled (resumable).
+        What the training prints goes to the terminal and to the run's output.log
+        (`gridrun logs`), as an engine run's does.
         """
         from gridrun.engine.backends import child
-        from gridrun.runs import layout, states
+        from gridrun.runs import layout, outputlog, states
         from gridrun.spec import write_run_config
         from gridrun.train import worker
 
@@ -176,7 +179,8 @@ def register(app: typer.Typer) -> None:
             with working("importing torch"):
                 import gridrun.train.loop.trainer  # noqa: F401 - the worker's import, before it prints
             try:
-                code = worker.main(run_dir, fresh=start_over)
+                with outputlog.teed(run_dir / layout.OUTPUT):  # as an engine run's, and on the terminal
+                    code = worker.main(run_dir, fresh=start_over)
             except KeyboardInterrupt:  # before the worker's own handler
                 record_end(root, chosen.id, run_dir, pid, states.EXIT_CODES[states.INTERRUPTED])
                 raise typer.Exit(states.EXIT_CODES[states.INTERRUPTED]) from None

@@ -23,10 +23,12 @@ kept tail goes on in the run's whole output.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import re
 import signal
 import sys
+from collections.abc import Iterator
 
 HEAD = 1 << 20  # the first lines a run printed: its set-up, the config, the first errors
 CAP = 10 << 20  # output.log never grows past this
@@ -104,34 +106,132 @@ def cut(path: str, out: int, head: int = HEAD, keep: int = KEEP) -> int:
     return new
 
 
+class _Log:
+    """`path` appended to, and cut when it passes `cap`; a file that cannot be written
+    is skipped, so that the run never blocks on it."""
+
+    def __init__(self, path: str, head: int, cap: int, keep: int) -> None:
+        self.path, self.head, self.cap, self.keep = path, head, cap, keep
+        self.out: int | None = None
+        try:
+            self.out = _open(path)
+            self.size = os.fstat(self.out).st_size
+        except OSError:
+            self.size = 0
+        self.next_cut = cap
+
+    def write(self, data: bytes) -> None:
+        if self.out is None:
+            return
+        try:
+            _write_all(self.out, data)
+            self.size += len(data)
+            if self.size > self.next_cut:
+                self.out = cut(self.path, self.out, self.head, self.keep)
+                self.size = os.fstat(self.out).st_size
+                # a cut that failed waits a while
+                self.next_cut = max(self.cap, self.size + (self.cap - self.keep) // 2)
+        except OSError:
+            self.next_cut = self.size + (self.cap - self.keep) // 2
+
+
 def keep_output(fd_in: int, path: str, head: int = HEAD, cap: int = CAP, keep: int = KEEP) -> None:
     """Copy `fd_in` into `path` until EOF, cutting the file when it passes `cap`."""
-    out: int | None = None
-    try:
-        out = _open(path)
-        size = os.fstat(out).st_size
-    except OSError:
-        size = 0
-    next_cut = cap
+    log = _Log(path, head, cap, keep)
     while data := os.read(fd_in, 1 << 16):
-        if out is None:
-            continue  # the file cannot be written: drain, so that the run never blocks
-        try:
-            _write_all(out, data)
-            size += len(data)
-            if size > next_cut:
-                out = cut(path, out, head, keep)
-                size = os.fstat(out).st_size
-                next_cut = max(cap, size + (cap - keep) // 2)  # a cut that failed waits a while
-        except OSError:
-            next_cut = size + (cap - keep) // 2
+        log.write(data)
+
+
+def tee_output(pairs: list[tuple[int, int]], path: str, head: int = HEAD, cap: int = CAP,
+               keep: int = KEEP) -> None:
+    """Copy each input of `pairs` (input fd, echo fd) into `path` and to its echo fd,
+    until EOF on all of them. An echo that fails (the terminal gone, a closed pipe) is
+    dropped: output.log still gets everything."""
+    import selectors
+
+    log = _Log(path, head, cap, keep)
+    echo = dict(pairs)
+    with selectors.DefaultSelector() as sel:
+        for fd_in in echo:
+            sel.register(fd_in, selectors.EVENT_READ)
+        while sel.get_map():
+            for key, _ in sel.select():
+                data = os.read(key.fd, 1 << 16)
+                if not data:
+                    sel.unregister(key.fd)
+                    continue
+                log.write(data)
+                if echo[key.fd] is not None:
+                    try:
+                        _write_all(echo[key.fd], data)
+                    except OSError:
+                        echo[key.fd] = None
 
 
 def main(argv: list[str]) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # only EOF ends the keeper
+    if argv[0] == "--tee":
+        pairs = [tuple(map(int, pair.split(":"))) for pair in argv[1].split(",")]
+        path, *sizes = argv[2:]
+        tee_output(pairs, path, *map(int, sizes))  # type: ignore[arg-type]
+        return
     path, *sizes = argv
     keep_output(0, path, *map(int, sizes))
+
+
+TEE_WAIT = 10.0  # as the engine's child: a DataLoader worker may outlive the run, holding the pipe
+
+
+@contextlib.contextmanager
+def teed(path: str | os.PathLike, wait: float = TEE_WAIT) -> Iterator[None]:
+    """This process's stdout and stderr (fds 1 and 2, so its subprocesses' too) into
+    output.log at `path`, capped as an engine run's, and still where they went before
+    (a foreground run's terminal). The keeper echoes each to its own fd, so stderr stays
+    stderr; between the two the order is the order the keeper reads them in. On leaving,
+    waits until the keeper has written and echoed everything (at most `wait` seconds).
+    If the keeper cannot start, output goes to the terminal only."""
+    import subprocess
+
+    _flush()
+    try:
+        saved = [os.dup(1), os.dup(2)]  # where the output went: echoed there
+    except OSError:  # a closed stdout or stderr: nothing to echo to, nothing changed
+        yield
+        return
+    pipes = [os.pipe(), os.pipe()]
+    try:
+        keeper = subprocess.Popen(
+            [sys.executable, "-I", "-S", __file__, "--tee",
+             ",".join(f"{r}:{s}" for (r, _), s in zip(pipes, saved, strict=True)), os.fspath(path)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=[*saved, *(r for r, _ in pipes)], start_new_session=True)
+    except OSError:
+        keeper = None
+    for r, w in pipes:
+        os.close(r)
+        if keeper is None:
+            os.close(w)
+    if keeper is not None:
+        for fd, (_, w) in zip((1, 2), pipes, strict=True):
+            os.dup2(w, fd)
+            os.close(w)
+    try:
+        yield
+    finally:
+        _flush()
+        for fd, s in zip((1, 2), saved, strict=True):
+            os.dup2(s, fd)
+            os.close(s)
+        if keeper is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                keeper.wait(wait)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(Exception):
+            stream.flush()
 
 
 # --------------------------------------------------------------------------- readers
@@ -234,6 +334,11 @@ class Follower:
                            "they could be shown]\n".encode())
         return self.decoder.decode(b"".join(out))
 
+    @property
+    def opened(self) -> bool:
+        """Whether the file was there at the last read (False: no such file, yet)."""
+        return self.f is not None
+
     def close(self) -> None:
         if self.f is not None:
             self.f.close()
@@ -242,6 +347,20 @@ class Follower:
 
 OUTPUT_TAIL_LINES = 30
 OUTPUT = "output.log"  # layout.OUTPUT: this module runs as a script without the package
+
+
+def missing(run_id: str, status: str, run_dir: os.PathLike | str, follow: bool = False) -> str:
+    """One line for `gridrun logs` on a run without an output.log: why, and what to do."""
+    from gridrun.runs import states
+
+    if follow:
+        return f"{run_id} has no output.log yet ({status}): waiting for its first output (ctrl-c stops)"
+    if status not in states.FINISHED:
+        return (f"{run_id} has no output.log yet: it is {status} and has printed nothing; "
+                f"`gridrun logs -f {run_id}` waits for its output")
+    return (f"{run_id} has no output.log: it is {status} and none was kept (it never started, "
+            "trained in the foreground before gridrun kept one, or the file was removed); its "
+            f"summary.json and metrics are in {os.fspath(run_dir)}")
 
 
 def output_tail(run_dir: os.PathLike | str, lines: int = OUTPUT_TAIL_LINES) -> str:
