@@ -313,3 +313,17 @@ def perplexity(train_size: int = 256, val_size: int = 64, hidden: int = 16) -> T
     task.metrics = {"loss": "lower"}
     task.derived = {"perplexity": ("lower", lambda m: math.exp(m["loss"]))}
     return task
+
+
+def nan_metric(train_size: int = 256, val_size: int = 64) -> Task:
+    """spirals whose first metric, `f1` (the default early-stop metric), is 0/0 at every
+    evaluation while its loss and accuracy are finite."""
+    task = spirals(train_size=train_size, val_size=val_size, hidden=16, depth=1)
+    inner = task.evaluate
+
+    def evaluate(model, batch):
+        return {"f1": (torch.zeros(()), torch.zeros(())), **inner(model, batch)}
+
+    task.evaluate = evaluate
+    task.metrics = {"f1": "higher", **task.metrics}
+    return task

@@ -235,3 +235,17 @@ def test_identical_seeds_give_no_p_value_and_no_warning(tmp_path):
         table = ablation_table(runs_frame(tmp_path), "same").set_index("ablation")
     assert math.isnan(table.loc["sgd", "accuracy_p"])
     assert table.loc["sgd", "accuracy_delta"] == 0
+
+
+def test_a_run_whose_tracked_metric_was_never_finite_shows_its_last_values(tmp_path):
+    """No best evaluation (its early-stop metric NaN at each): compare shows the finite
+    values of its last evaluation, said in a note, instead of dashes."""
+    make_run(tmp_path, "nan", 0, best={}, final={"loss": 0.5, "accuracy": 0.75, "f1": None})
+    make_run(tmp_path, "nan", 1, best={"loss": 0.25, "accuracy": 0.5}, final={"loss": 0.3})
+    frame = runs_frame(tmp_path)
+    table = ablation_table(frame)
+    assert table["loss_mean"].iloc[0] == pytest.approx((0.5 + 0.25) / 2)
+    assert table["accuracy_mean"].iloc[0] == pytest.approx((0.75 + 0.5) / 2)
+    (note,) = [n for n in frame.attrs["notes"] if "never finite" in n]
+    assert note.startswith("1 run ") and "last evaluation's values" in note
+    assert frame.set_index("seed").loc[0, "stand_in"] == "final"

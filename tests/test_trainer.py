@@ -231,3 +231,16 @@ def test_divergence_seen_at_an_evaluation_still_writes_a_summary(tmp_path):
         if saved is not None:
             assert saved["step"] < summary["diverged_step"]
             assert all(torch.isfinite(v).all() for v in saved["model"].values())
+
+
+def test_a_tracked_metric_never_finite_is_said_at_the_end(tmp_path):
+    """f1 is NaN at every evaluation: the run completes with no best evaluation, and its
+    summary and its last lines say so and what to do, instead of a silent `best {}`."""
+    lines: list[str] = []
+    summary = train(spec("helper_tasks:nan_metric", {}), tmp_path, log=lines.append)
+    assert summary["status"] == states.COMPLETED and summary["best"] == {}
+    assert math.isnan(summary["final"]["f1"]) and math.isfinite(summary["final"]["loss"])
+    (warning,) = [w for w in summary["warnings"] if "never finite" in w]
+    assert warning.startswith("f1 was never finite") and "early_stop_metric" in warning
+    assert f"warning: {warning}" in lines[-3:]
+    assert not (tmp_path / layout.CHECKPOINTS / "best.pt").exists()

@@ -42,6 +42,7 @@ RUN_FIELDS = ["step", "total_steps", "best_step", "started_at", "ended_at", "wal
               "train_loss", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "device",
               "precision", "error"]
 TRACKED = "tracked"  # the metric a run's best evaluation is best in (its resolved early-stop metric)
+STAND_IN = "stand_in"  # "final": a run without a best evaluation, its best_ columns its last's
 # a run's metric values by what they hold, and the prefix of their columns: the last
 # evaluation; the evaluation best in the early-stop metric (what early stopping keeps);
 # each metric's own best evaluation
@@ -159,6 +160,9 @@ def _entry(spec: RunSpec, folder: Path | None, status: str | None,
     for kind, prefix in KINDS.items():
         for name, value in (data.get(kind) or {}).items():
             row[prefix + name] = value
+    if row["status"] == states.COMPLETED and not data.get("best") and data.get("final"):
+        # its early-stop metric was never finite: no best evaluation, its last stands in
+        row.update({KINDS["best"] + k: v for k, v in data["final"].items()} | {STAND_IN: "final"})
     # a summary is a cleaned Summary (no git keys of its own): its provenance, and the store's
     for source in ((summary or {}).get("provenance"), provenance):
         if isinstance(source, dict | Mapping):  # dict first: the common case, without the ABC
@@ -378,6 +382,11 @@ def _table(entries: list[_Entry], skipped: list[str], refused: list[str] = ()) -
         for name, direction in e.directions.items():
             directions.setdefault(name, direction)
         notes.extend(e.notes)
+    if stand_in := [e.row for e in entries if e.row.get(STAND_IN)]:
+        its = "their" if len(stand_in) > 1 else "its"
+        notes.append(f"{len(stand_in)} run{'s' * (its == 'their')} whose early-stop metric was never finite "
+                     f"({', '.join(sorted({str(r.get(TRACKED)) for r in stand_in}))}): {its} best values "
+                     f"are {its} last evaluation's values")
     if not entries:
         columns = dict.fromkeys(BASE)
     metrics: dict[str, None] = {}

@@ -83,6 +83,18 @@ class Validator:
         self.stop = bool(patience) and best["bad_evals"] >= patience
 
     def report_early_stop(self, state: TrainState) -> None:
+        """At the run's end: early stopping, or an early-stop metric that was never finite."""
         if self.stop:
             self.log(f"early stop at step {state.step}: no better {self.setup.metric} in "
                      f"{self.setup.cfg['early_stop_patience']} evaluations")
+        metric, last = self.setup.metric, self.summary.get("final") or {}
+        value = last.get(metric)
+        # without this the run completes with an empty best and no best.pt, as if nothing were wrong
+        if state.best.get("step") is None and last and not (
+                isinstance(value, int | float) and math.isfinite(value)):
+            message = (f"{metric} was never finite at an evaluation (the last gave "
+                       f"{value}): no best evaluation, no best.pt (summary's final has "
+                       f"the last values); check how {metric} is computed or choose another "
+                       "early_stop_metric")
+            self.summary["warnings"].append(message)
+            self.log(f"warning: {message}")
