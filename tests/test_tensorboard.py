@@ -4,6 +4,7 @@ what is new; a cut log is written again; no tensorboard, one line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from gridrun.runs import records as rec
 from gridrun.runs.store import Store
 from gridrun.spec import load_runs
 
+EXTRA = "needs the tensorboard package (pip install 'gridrun[tensorboard]')"
 FILE = """
 [defaults]
 task = "spirals"
@@ -92,7 +94,7 @@ def expected(metrics: Path) -> dict[str, list[tuple[int, float, float]]]:
 
 
 def test_events_read_back_equal_the_metrics_log(root, tmp_path):
-    pytest.importorskip("tensorboard")
+    pytest.importorskip("tensorboard", reason=EXTRA)
     logdir = tmp_path / "logs"
     result = tensorboard("--root", str(root), "--logdir", str(logdir))
     assert result.exit_code == 0, result.output
@@ -109,7 +111,7 @@ def test_events_read_back_equal_the_metrics_log(root, tmp_path):
 
 
 def test_a_second_call_adds_only_what_is_new(root, tmp_path):
-    pytest.importorskip("tensorboard")
+    pytest.importorskip("tensorboard", reason=EXTRA)
     logdir = tmp_path / "logs"
     assert tensorboard("--root", str(root), "--logdir", str(logdir)).exit_code == 0
     again = tensorboard("--root", str(root), "--logdir", str(logdir))
@@ -164,29 +166,100 @@ def at_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-@pytest.mark.slow
-def test_it_starts_tensorboard_on_the_events(root, tmp_path):
-    pytest.importorskip("tensorboard")
-    port, logdir = free_port(), tmp_path / "logs"
+def serving(root: Path, logdir: Path) -> tuple[subprocess.Popen, list[str]]:
+    """`gridrun tensorboard` serving the root's runs (its own session, as a shell's job),
+    and the run names TensorBoard lists once it answers."""
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "gridrun", "tensorboard", "--root", str(root),
                              "--logdir", str(logdir), "--port", str(port), "--every", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True, preexec_fn=at_a_terminal)
+    assert "wrote" in proc.stdout.readline()
+    assert f"http://localhost:{port}/" in proc.stdout.readline()
+    deadline, names = time.monotonic() + 60, []
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://localhost:{port}/data/runs", timeout=2) as r:
+                names = json.loads(r.read())
+            if len(names) == 2:
+                break
+        except OSError:
+            pass
+        time.sleep(0.5)
+    return proc, names
+
+
+def descendants(pid: int) -> set[int]:
+    """The live processes below `pid` (from /proc)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] != "Z":
+            parents[int(entry.name)] = int(fields[1])
+    found, todo = set(), [pid]
+    while todo:
+        above = todo.pop()
+        below = [p for p, parent in parents.items() if parent == above]
+        found.update(below)
+        todo.extend(below)
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    out = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if state[state.rindex(")") + 2] != "Z":
+            out.add(pid)
+    return out
+
+
+@pytest.mark.slow
+def test_it_starts_tensorboard_on_the_events(root, tmp_path):
+    pytest.importorskip("tensorboard", reason=EXTRA)
+    proc, names = None, []
     try:
-        assert "wrote" in proc.stdout.readline()
-        assert f"http://localhost:{port}/" in proc.stdout.readline()
-        deadline, names = time.monotonic() + 60, []
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://localhost:{port}/data/runs", timeout=2) as r:
-                    names = json.loads(r.read())
-                if len(names) == 2:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.5)
+        proc, names = serving(root, tmp_path / "logs")
         runs = Store(root).list_runs()
         assert sorted(names) == sorted(f"tb/{r.variant}/s0 {r.id}" for r in runs)
     finally:
-        os.killpg(proc.pid, signal.SIGINT)  # ctrl-c: gridrun stops TensorBoard and exits
-        assert proc.wait(timeout=30) == 0
+        if proc is not None:
+            os.killpg(proc.pid, signal.SIGINT)  # ctrl-c: gridrun stops TensorBoard and exits
+            assert proc.wait(timeout=30) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_sighup_stops_tensorboard_and_its_children(root, tmp_path, sig):
+    """Sent to gridrun alone (a service manager, a closed terminal): TensorBoard and what
+    it started end with it, as on ctrl-c, instead of serving on."""
+    pytest.importorskip("tensorboard", reason=EXTRA)
+    proc, below = None, set()
+    try:
+        proc, names = serving(root, tmp_path / "logs")
+        assert len(names) == 2
+        below = descendants(proc.pid)
+        assert below, "TensorBoard is not running under gridrun"
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while alive(below) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive(below), "TensorBoard (or a process it started) still runs"
+        assert proc.returncode == 0
+    finally:
+        for pid in alive(below):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -76,15 +79,17 @@ def register(app: typer.Typer) -> None:
         at each line's step and time, written with TensorBoard's own writer (the tensorboard
         extra: pip install 'gridrun[tensorboard]'). Incremental: a second call writes only
         what the runs logged since; while TensorBoard serves, live runs are followed.
+        ctrl-c, SIGTERM or SIGHUP stops TensorBoard (and what it started) with it.
         """
         from gridrun.analysis.tensorboard import Sync, TensorBoardMissing, writer_class
 
+        # a wrong --logdir is wrong with or without the package: said first
+        if logdir.resolve().is_relative_to(root.resolve()):
+            fail(f"--logdir {logdir} is inside the runs root {root}: choose a folder outside it")
         try:
             writer_class()
         except TensorBoardMissing as e:
             fail(str(e))
-        if logdir.resolve().is_relative_to(root.resolve()):
-            fail(f"--logdir {logdir} is inside the runs root {root}: choose a folder outside it")
         writer, ended = Sync(logdir), set()
         try:
             with working(f"writing event files to {logdir}"):
@@ -97,27 +102,56 @@ def register(app: typer.Typer) -> None:
             writer.close()
 
 
+class _Signalled(Exception):
+    """SIGTERM or SIGHUP while TensorBoard serves: stopped as ctrl-c stops it."""
+
+
+def _raise(signum: int, frame: Any) -> None:
+    raise _Signalled(signal.Signals(signum).name)
+
+
 def _serve(root: Path, logdir: Path, prefixes: list[str], writer: Any, ended: set[str],
            port: int, every: float) -> None:
     command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--port", str(port)]
     if shutil.which("tensorboard"):
         command = ["tensorboard", "--logdir", str(logdir), "--port", str(port)]
+    # the default action of either would end gridrun and leave TensorBoard serving
+    previous = {signal.SIGINT: signal.getsignal(signal.SIGINT),
+                **{sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGHUP)}}
+    board = None
     try:
-        board = subprocess.Popen(command, stdin=subprocess.DEVNULL)
-    except OSError as e:
-        fail(f"cannot start TensorBoard ({' '.join(map(shlex.quote, command))}): {e.strerror}", 1)
-    typer.echo(f"TensorBoard on http://localhost:{port}/ (ctrl-c stops it; the event files stay)")
-    try:
+        try:
+            # its own session: its process group holds what it starts (the data server) to
+            # stop it all, and a terminal's ctrl-c reaches gridrun alone, which stops it
+            board = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as e:
+            fail(f"cannot start TensorBoard ({' '.join(map(shlex.quote, command))}): {e.strerror}", 1)
+        typer.echo(f"TensorBoard on http://localhost:{port}/ (ctrl-c stops it; the event files stay)")
         while board.poll() is None:
             time.sleep(every)
             sync(root, logdir, prefixes, writer, ended=ended)
         fail(f"TensorBoard exited (code {board.returncode})", 1)
-    except KeyboardInterrupt:
-        typer.echo("\nTensorBoard stopped")
+    except (KeyboardInterrupt, _Signalled) as e:
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+            typer.echo(f"\nTensorBoard stopped{f' ({e})' if isinstance(e, _Signalled) else ''}")
     finally:
-        if board.poll() is None:
-            board.terminate()
-            try:
-                board.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                board.kill()
+        for sig in previous:  # a second signal, a second ctrl-c, must not cut the stop short
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            if board is not None:
+                stop(board)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def stop(board: subprocess.Popen, wait: float = 10.0) -> None:
+    """TensorBoard and every process of its group: SIGTERM, then SIGKILL to what is left
+    after `wait` seconds (the group outlives its leader while a child of it runs)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(board.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        board.wait(timeout=wait)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(board.pid, signal.SIGKILL)
+    board.wait()
