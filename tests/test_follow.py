@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 from gridrun.commands.follow import Labels, RunLine, ended_line, plan, queue_eta, table
-from gridrun.runs import progress
+from gridrun.runs import progress, states
 from gridrun.runs.records import start_line, train_line, val_line
 from gridrun.spec.variants import Variants, forms, shorten
 
@@ -200,3 +200,110 @@ def test_piped_it_writes_one_plain_line_per_event(tmp_path):
     ended = [line for line in lines if line.startswith("completed ")]
     assert len(ended) == 4 and all("loss" in x and "best loss↓" in x for x in ended), lines
     assert "4/4 ended · 0 running · 0 queued" in lines
+
+
+# ---- issue 35: the follower folds over the store's change feed ---------------------------
+
+
+def follow_scripted(tmp_path, monkeypatch, steps, n=2):
+    """`follow` piped over a real store, `steps[i]` (store -> None) applied in its i-th
+    wait between two reads; (its result, its plain lines, the store's calls)."""
+    from test_engine_kit import make_run
+
+    from gridrun.commands import follow as follower
+    from gridrun.engine import daemon
+    from gridrun.runs.store import Store
+
+    root = tmp_path / "runs"
+    runs = [make_run(seed=i) for i in range(n)]
+    with Store(root) as store:
+        store.enqueue(runs)
+    calls: list[str] = []
+    for name in ("list_runs", "changes_since", "get_run"):
+        real = getattr(Store, name)
+        monkeypatch.setattr(Store, name, lambda self, *a, _real=real, _name=name, **k: (
+            calls.append(_name), _real(self, *a, **k))[1])
+    monkeypatch.setattr(daemon, "status", lambda root, **_: SimpleNamespace(running=True))
+    waits = iter(steps)
+
+    def wait(_seconds):
+        with Store(root) as store:
+            next(waits)(store, [r.id for r in runs])
+
+    monkeypatch.setattr(follower.time, "sleep", wait)
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    ok = follower.follow(root, [r.id for r in runs], live=False, interval=0)
+    return ok, out.getvalue().splitlines(), calls
+
+
+def start(store, run_id):
+    assert store.transition(run_id, states.QUEUED, states.RUNNING, started_at=time.time())
+
+
+def end(store, run_id, status=None):
+    assert store.transition(run_id, states.RUNNING, status or states.COMPLETED,
+                            ended_at=time.time())
+
+
+def test_a_run_started_and_ended_between_two_reads_still_gets_its_started_line(
+        tmp_path, monkeypatch):
+    a, b = 0, 1
+
+    def first(store, ids):
+        start(store, ids[a])
+
+    def second(store, ids):  # a ends; b starts and ends before the next read
+        end(store, ids[a])
+        start(store, ids[b])
+        end(store, ids[b])
+
+    ok, lines, _ = follow_scripted(tmp_path, monkeypatch, [first, second])
+    assert ok, lines
+    said = [line.split()[:2] for line in lines if line.split()[0] in ("started", "completed")]
+    ids = [line.split()[1] for line in lines if line.startswith("started")]
+    assert len(ids) == 2 and said == [["started", ids[0]], ["completed", ids[0]],
+                                      ["started", ids[1]], ["completed", ids[1]]], lines
+    assert "2/2 ended · 0 running · 0 queued" in lines
+
+
+def test_it_reads_the_change_feed_not_every_run_each_time(tmp_path, monkeypatch):
+    def first(store, ids):
+        start(store, ids[0])
+
+    def nothing(store, ids):
+        pass
+
+    def second(store, ids):
+        end(store, ids[0])
+        start(store, ids[1])
+
+    def third(store, ids):
+        end(store, ids[1])
+
+    ok, lines, calls = follow_scripted(tmp_path, monkeypatch, [first, nothing, nothing, second,
+                                                               third])
+    assert ok, lines
+    assert "list_runs" not in calls and "get_run" not in calls, calls
+    assert calls.count("changes_since") == 6  # one read each time: what changed since the last
+
+
+def test_a_run_retried_and_ended_between_two_reads_is_said_to_start_again(tmp_path, monkeypatch):
+    def first(store, ids):
+        start(store, ids[0])
+        start(store, ids[1])
+
+    def second(store, ids):
+        end(store, ids[0], states.FAILED)
+
+    def third(store, ids):  # retried, started and failed again before the next read
+        store.transition(ids[0], states.FAILED, states.QUEUED)
+        start(store, ids[0])
+        end(store, ids[0], states.FAILED)
+        end(store, ids[1])
+
+    ok, lines, _ = follow_scripted(tmp_path, monkeypatch, [first, second, third])
+    assert not ok
+    events = [line.split()[0] for line in lines if line.split()[0] in
+              ("started", "failed", "completed")]
+    assert events.count("started") == 3 and events.count("failed") == 2, lines

@@ -298,49 +298,66 @@ class Reader:
         return p
 
 
+class Feed:
+    """The followed runs folded over the store's change feed (`changes_since`,
+    `removed_since`): each read says which started and which ended since the last. A run
+    that started and ended between two reads comes once, ended: `started` comes first."""
+
+    def __init__(self, ids: Iterable[str]) -> None:
+        self.ids, self.runs, self.seq, self.removed_seq = set(ids), {}, 0, 0
+
+    def read(self, store: Any) -> tuple[list[Any], list[tuple[str, Any]]]:
+        gone, self.removed_seq = store.removed_since(self.removed_seq)
+        for run_id in gone:
+            self.runs.pop(run_id, None)
+        changed, self.seq = store.changes_since(self.seq)  # the first read: queue order
+        events = []
+        for r in (r for r in changed if r.id in self.ids):
+            before, self.runs[r.id] = self.runs.get(r.id), r
+            if r.started_at and (r.status == states.RUNNING if before is None else
+                                 r.status in (states.RUNNING, *states.FINISHED)
+                                 and r.started_at != before.started_at):
+                events.append(("started", r))  # a new start (a retry's too)
+            if before is not None and r.status in states.FINISHED and (
+                    (before.status, before.ended_at) != (r.status, r.ended_at)):
+                events.append(("ended", r))
+        return list(self.runs.values()), events
+
+
 def follow(root: Path, ids: list[str], *, live: bool, interval: float = 0.5) -> bool:
     """Until every run in `ids` has ended; True if all completed. Ctrl-C raises KeyboardInterrupt."""
     from gridrun.commands.common import open_store
     from gridrun.engine import daemon
 
-    reader = Reader(root)
-    status: dict[str, str] = {}
-    previous = None
-    next_engine_check = 0.0
+    reader, feed = Reader(root), Feed(ids)
+    previous, next_engine_check = None, 0.0
     with open_store(root) as store:  # damage found while following: one line, exit 2
-        runs = store.list_runs(ids=ids)
+        runs, events = feed.read(store)
         bars = RunBars(Console(), Labels.of(runs)) if live else None
         out = bars.console if bars is not None else Console(no_color=True, force_terminal=False)
 
         def say(text: str) -> None:  # above the bars; plain text, never markup
             out.print(text, markup=False, highlight=False, soft_wrap=True)
 
-        announced: set[str] = set()  # runs whose start was said (piped output)
         with bars or contextlib.nullcontext():
             while True:
-                runs, now = store.list_runs(ids=ids), time.time()
+                now = time.time()
+                for event, r in events:  # in the order they were written
+                    if event == "started":
+                        if bars is None:  # a bar says it on a terminal
+                            say(started_line(r))
+                        continue
+                    if bars is not None:
+                        bars.drop(r.id)
+                    line = RunLine.of(r, reader.progress(r), now)
+                    say(ended_line(r, line) if bars is None else
+                        ended_line(r, line, bars.labels, bars.console.width))
                 etas: dict[str, float | None] = {}
-                for r in runs:
-                    before, status[r.id] = status.get(r.id), r.status
-                    if r.status == states.RUNNING:
-                        line = RunLine.of(r, reader.progress(r), now)
-                        etas[r.id] = line.eta
-                        if bars is not None:
-                            bars.show(line)
-                        elif before != r.status:
-                            say(started_line(r))
-                            announced.add(r.id)
-                    elif r.status in states.FINISHED and before not in (None, r.status):
-                        if bars is not None:
-                            bars.drop(r.id)
-                        elif r.id not in announced and r.started_at:
-                            # it started and ended between two looks (one CPU run at a time
-                            # ends fast): piped output still says it started
-                            say(started_line(r))
-                            announced.add(r.id)
-                        line = RunLine.of(r, reader.progress(r), now)
-                        say(ended_line(r, line) if bars is None else
-                            ended_line(r, line, bars.labels, bars.console.width))
+                for r in (r for r in runs if r.status == states.RUNNING):
+                    line = RunLine.of(r, reader.progress(r), now)
+                    etas[r.id] = line.eta
+                    if bars is not None:
+                        bars.show(line)
                 done = [r.ended_at - r.started_at for r in runs if r.status == states.COMPLETED
                         and r.ended_at and r.started_at]
                 per_run = sum(done) / len(done) if done else _pace(runs, reader)
@@ -366,6 +383,7 @@ def follow(root: Path, ids: list[str], *, live: bool, interval: float = 0.5) -> 
                             f"with `gridrun engine start --root {root}`.")
                         return False
                 time.sleep(interval)
+                runs, events = feed.read(store)
 
 
 def _pace(runs: list[Any], reader: Reader) -> float | None:
@@ -376,11 +394,15 @@ def _pace(runs: list[Any], reader: Reader) -> float | None:
 
 
 CAPS = {"experiment": 16, "variant": 24, "best": 22}  # longer values are cut
+# below a list with a search's trials: BEST is not the value compare ranks them by
+BEST_IS = ("BEST: each run's best evaluation of its early-stop metric; `gridrun compare "
+           "EXPERIMENT` ranks a search's trials by the evaluation at the end of their rung")
 
 
 def run_lines(runs: Sequence[Any], note_of: Callable[[Any], str],
               width: int | None = None) -> list[str]:
-    """The header and a line per run (store Runs); `width`: cut each line there with `…`."""
+    """The header and a line per run (store Runs), then, with a search's trials, what BEST
+    is; `width`: cut each line there with `…`."""
     # a search's trials: the rung each has reached and the epochs it used of its budget
     search = any(r.config.get("trial") is not None and r.config.get("search") for r in runs)
     columns = ["id", "status", "experiment", "variant", "seed",
@@ -400,7 +422,7 @@ def run_lines(runs: Sequence[Any], note_of: Callable[[Any], str],
                  else row[c][:widths[c]].ljust(widths[c]) for c in columns[:-1]]
         return "  ".join([*cells, row["note"]]).rstrip()
 
-    out = [line(header, numbers=False), *map(line, rows)]
+    out = [line(header, numbers=False), *map(line, rows), *([BEST_IS] if search else [])]
     if width:
         out = [text if len(text) <= width else text[:width - 1] + "…" for text in out]
     return out
