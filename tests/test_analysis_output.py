@@ -170,3 +170,40 @@ def test_cli_export(grid_root, tmp_path):
     assert result.exit_code == 2 and "unknown status 'done'" in result.output
     result = cli("export", "-o", tmp_path / "no" / "x.csv", "--root", grid_root)
     assert result.exit_code == 2 and "does not exist" in result.output
+
+
+@pytest.mark.parametrize("where", ["/usr/gridrun-export-test.csv", "/etc/gridrun-export-test.csv"])
+def test_export_never_writes_into_a_system_folder(grid_root, where):
+    try:
+        result = cli("export", "-o", where, "--force", "--root", grid_root)
+        assert result.exit_code == 2, result.output
+        assert result.output.strip() == (f"refusing to write {where}: it is in the system folder "
+                                         f"{where[:4]}; write into a folder of your own")
+        assert not os.path.lexists(where)
+        with pytest.raises(analysis.AnalysisError, match="system folder"):  # a ValueError
+            export.write_frame(pd.DataFrame({"a": [1]}), where, force=True)
+    finally:  # what an unfixed gridrun wrote
+        if os.path.lexists(where):
+            os.unlink(where)
+
+
+@pytest.mark.parametrize("what", ["runs", "metrics"])
+def test_a_full_disk_leaves_the_old_export_whole_and_says_so_in_one_line(grid_root, tmp_path,
+                                                                         what):
+    from tmpfs_kit import fill, mounted
+
+    with mounted(tmp_path / "small", "2m") as small:
+        out = small / "runs.csv"
+        out.write_text("my,table\n" * 100)
+        fill(small)
+        result = cli("export", "--what", what, "-o", out, "--force", "--root", grid_root)
+        assert result.exit_code == 2, result.output
+        assert result.output.strip().splitlines()[-1] == (
+            f"cannot write {out}: the disk is full; nothing was changed there (free space or "
+            "pick another -o)")
+        assert out.read_text() == "my,table\n" * 100
+        assert sorted(os.listdir(small)) == ["filler", "runs.csv"]  # no temporary left
+        with pytest.raises(analysis.AnalysisError, match="the disk is full"):
+            export.write_frame(pd.DataFrame({"a": range(100_000)}), out, force=True)
+        with pytest.raises(FileExistsError, match="exists; add --force"):
+            export.write_frame(pd.DataFrame({"a": [1]}), out)

@@ -49,7 +49,7 @@ def test_export_never_writes_through_a_symlink(tmp_path, root, what):
     link.symlink_to(victim)
     for extra in ([], ["--force"]):
         code, text = gridrun("export", "--what", what, "-o", link, *extra, "--root", root)
-        assert code == 2 and text.strip() == f"refusing to write {link}: it is a symbolic link"
+        assert code == 2 and text.strip().startswith(f"refusing to write {link}: it is a symbolic link")
     assert victim.read_text() == "precious\n" and link.is_symlink()
     dangling = tmp_path / "dangling.csv"
     dangling.symlink_to(tmp_path / "nowhere.csv")

@@ -172,3 +172,47 @@ def test_a_run_whose_task_no_longer_imports_is_one_line(tmp_path, user_task):
                            "'gone_repro' for task 'gone_repro:factory': No module named "
                            "'gone_repro'; looked in the current directory")
     assert not (tmp_path / "x.py").exists()
+
+
+def test_a_full_disk_leaves_the_replaced_script_whole_and_says_so(tmp_path, user_task):
+    from tmpfs_kit import fill, mounted
+
+    _, folder = trained_run(tmp_path, CASES["spirals"].replace("epochs = 2", "epochs = 1"))
+    with mounted(tmp_path / "small", "2m") as small:
+        out = small / "repro.py"
+        out.write_text("# my edited repro\n" * 100)
+        fill(small)
+        result = CliRunner().invoke(app, ["repro", str(folder), "-o", str(out), "--force"])
+        assert result.exit_code == 2, result.exception  # not a traceback (exit 1)
+        (line,) = result.stderr.strip().splitlines()
+        assert line == (f"cannot write {out}: the disk is full; nothing was changed there "
+                        "(free space or pick another -o)")
+        assert out.read_text() == "# my edited repro\n" * 100
+        assert sorted(os.listdir(small)) == ["filler", "repro.py"]  # no temporary left
+
+
+@pytest.mark.parametrize("where", ["/dev/full", "/etc/gridrun-repro-test.py"])
+def test_a_device_or_a_system_folder_is_refused_in_one_line(tmp_path, user_task, where):
+    _, folder = trained_run(tmp_path, CASES["spirals"].replace("epochs = 2", "epochs = 1"))
+    existed = os.path.lexists(where)
+    try:
+        result = CliRunner().invoke(app, ["repro", str(folder), "-o", where, "--force"])
+        assert result.exit_code == 2, result.output
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f"refusing to write {where}: it is ")
+        assert os.path.lexists(where) == existed
+    finally:
+        if not existed and os.path.lexists(where):  # what an unfixed gridrun wrote
+            os.unlink(where)
+
+
+def test_a_link_is_refused_even_with_force(tmp_path, user_task):
+    _, folder = trained_run(tmp_path, CASES["spirals"].replace("epochs = 2", "epochs = 1"))
+    victim = tmp_path / "victim.py"
+    victim.write_text("precious\n")
+    link = tmp_path / "repro.py"
+    link.symlink_to(victim)
+    for extra in ([], ["--force"]):
+        result = CliRunner().invoke(app, ["repro", str(folder), "-o", str(link), *extra])
+        assert result.exit_code == 2 and "symbolic link" in result.stderr
+    assert victim.read_text() == "precious\n" and link.is_symlink()

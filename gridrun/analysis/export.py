@@ -1,9 +1,12 @@
 """Exports: a frame to CSV or Parquet, and every metrics line as long-format
 rows streamed to disk, so memory stays bounded whatever the number of lines.
 
-Every export goes through `atomic_file`: a temporary file in the target's
-folder, fsynced, then renamed onto the target. An existing target is replaced
-only when asked (`force`), and a symbolic link is never written through.
+Every export goes through `atomic_file`, which is userfiles.atomic_write (the one
+rule for the files gridrun writes on a user's request): a temporary file in the
+target's folder, fsynced, then renamed onto the target. An existing target is
+replaced only when asked (`force`), a symbolic link never written through nor
+replaced, a system folder never written; a full disk leaves the old file whole.
+Its refusals are AnalysisError (a ValueError) here, but for TargetExists.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -19,6 +21,7 @@ from typing import IO, Any
 import numpy as np
 import pandas as pd
 
+from gridrun import userfiles
 from gridrun.analysis.ablation import AnalysisError
 from gridrun.runs import layout, runlog, states
 from gridrun.runs import records as rec
@@ -37,59 +40,33 @@ def _parquet_module() -> Any:
     return pyarrow
 
 
-class TargetExists(FileExistsError):
-    """The export's target exists and `force` was not given; str() says so."""
+TargetExists = userfiles.TargetExists  # a FileExistsError: the target exists, no `force`
 
 
 def check_target(out: str | os.PathLike, force: bool = False) -> Path:
-    """`out`, if an export may write it: never a symbolic link (even with
-    `force`) or a folder; an existing file only with `force`."""
-    out = Path(out)
-    if out.is_symlink():
-        raise AnalysisError(f"refusing to write {out}: it is a symbolic link")
-    if out.is_dir():
-        raise AnalysisError(f"cannot write {out}: it is a folder")
-    if out.exists() and not force:
-        raise TargetExists(f"{out} exists; add --force to replace it")
-    return out
+    """`out`, if an export may write it (userfiles.check_target): TargetExists, or
+    AnalysisError with the one line that says why not."""
+    try:
+        return userfiles.check_target(out, force=force)
+    except TargetExists:
+        raise
+    except userfiles.RefusedFile as e:
+        raise AnalysisError(str(e)) from None
 
 
 @contextlib.contextmanager
 def atomic_file(out: str | os.PathLike, *, force: bool = False,
                 binary: bool = False) -> Iterator[IO[Any]]:
-    """A file to write the export into; on success it becomes `out` (fsynced,
-    then renamed), on any failure or interruption it is removed, so `out` is
-    either untouched or complete. A killed process leaves at most a hidden
-    `.NAME.*.tmp` beside it, never a half-written `out`."""
-    out = check_target(out, force)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    """userfiles.atomic_write (text by default): on success the file becomes `out`, on any
+    failure or interruption `out` is as it was. Refused or failed (a full disk): TargetExists,
+    or AnalysisError in one line."""
     try:
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else
-                                                       {"encoding": "utf-8", "newline": ""})) as f:
+        with userfiles.atomic_write(out, force=force, binary=binary) as f:
             yield f
-            f.flush()
-            os.fsync(f.fileno())
-        check_target(out, force)  # again: the target may have appeared meanwhile
-        if force:
-            os.replace(tmp, out)  # replaces a link itself, never writes through it
-        else:
-            try:
-                os.link(tmp, out)  # fails if out exists: no check-then-write race
-            except FileExistsError:
-                raise TargetExists(f"{out} exists; add --force to replace it") from None
-            except OSError:  # a filesystem without hard links
-                os.replace(tmp, out)
-            os.unlink(tmp)
-        with contextlib.suppress(OSError):
-            dir_fd = os.open(out.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    except TargetExists:
         raise
+    except userfiles.RefusedFile as e:
+        raise AnalysisError(str(e)) from None
 
 
 def write_frame(frame: pd.DataFrame, out: str | os.PathLike, *, force: bool = False) -> int:

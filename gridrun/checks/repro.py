@@ -17,6 +17,7 @@ move the model source's stream, which the script does not replay.
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gridrun import userfiles
 from gridrun.runs import layout, records, runlog
 from gridrun.spec import RunSpec, read_run_config, sources
 from gridrun.tasks import BUILTIN, TaskNotFound, resolve
@@ -282,10 +284,14 @@ def read(run_dir: Path) -> tuple[RunSpec, dict[str, Any]]:
     return run, stored.to_json() if stored is not None else {}
 
 
-def write(run_dir: Path, out: Path, steps: int) -> RunSpec:
+def write(run_dir: Path, out: Path, steps: int, *, force: bool = False) -> RunSpec:
+    """The script, executable, by the rule of userfiles.py: an existing `out` replaced only
+    with `force`, whole or not at all; never a link nor a system folder (RefusedFile)."""
     run, summary = read(run_dir)
-    out.write_text(script(run, summary, steps), encoding="utf-8")
-    out.chmod(0o700)
+    text = script(run, summary, steps)
+    with userfiles.atomic_write(out, force=force, binary=False) as f:
+        f.write(text)
+        os.fchmod(f.fileno(), 0o700)
     return run
 
 

@@ -136,7 +136,7 @@ def export(
     root: RootOption = DEFAULT_ROOT,
 ) -> None:
     """Write runs, metrics or the ablation table to a CSV or Parquet file (atomically:
-    the file is complete or not there)."""
+    the file is complete or not there; a full disk leaves an old one whole)."""
     from gridrun.analysis.ablation import AnalysisError
     from gridrun.analysis.export import TargetExists, check_target
     from gridrun.analysis.tables import notes
@@ -144,10 +144,8 @@ def export(
 
     if status is not None and status not in states.ALL:
         fail(f"unknown status {status!r}: choose one of {', '.join(states.ALL)}")
-    if not out.parent.is_dir():
-        fail(f"cannot write {out}: the folder {out.parent} does not exist")
-    try:
-        check_target(out, force)  # before reading every run: refusing is instant
+    try:  # before reading every run: refusing is instant (a link, a system folder, no folder)
+        check_target(out, force)
     except (AnalysisError, TargetExists) as exc:
         fail(str(exc))
     with working(f"reading the runs under {root}") as progress:

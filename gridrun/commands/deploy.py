@@ -36,7 +36,10 @@ def register(app: typer.Typer) -> None:
         output: Annotated[Path | None, typer.Option(
             "-o", "--output", dir_okay=False, metavar="FILE", help="The model file; parity.json and model.json go "
             "beside it. Default: model.onnx (model.pt2, model.ts.pt) in the run folder's "
-            "export/best/ (export/last/ with --checkpoint last).")] = None,
+            "export/best/ (export/last/ with --checkpoint last), replaced on a re-export.")] = None,
+        force: Annotated[bool, typer.Option(
+            "--force", help="Replace FILE, and the parity.json and model.json beside it, if they "
+            "exist (never through a symbolic link).")] = False,
         batches: Annotated[int, typer.Option(
             "--batches", min=0, metavar="N", help="Validation batches to check, besides one of a batch size "
             "(and for sort a length) not seen at export.")] = 3,
@@ -66,8 +69,9 @@ def register(app: typer.Typer) -> None:
         --static fixes them), then runs the exported model and PyTorch on validation
         batches (raw ones with the preprocess) and compares every output, and the task's
         metrics on the whole validation set. Writes parity.json and model.json beside the
-        model; `gridrun predict` serves the folder. Exit 0 when within tolerance, 1 when
-        not (the files are kept, marked), 2 when the run cannot be exported.
+        model; `gridrun predict` serves the folder. With -o, existing files are replaced only
+        with --force, and whole or not at all. Exit 0 when within tolerance, 1 when not (the
+        files are kept, marked), 2 when the run cannot be exported or written.
         """
         if with_preprocess and no_preprocess:
             fail("--with-preprocess and --no-preprocess contradict each other: give one")
@@ -83,7 +87,7 @@ def register(app: typer.Typer) -> None:
                 loaded = load_run(run, root)
                 status.update(f"building the model of run {loaded.id}")
                 report = export_model(loaded, checkpoint=checkpoint.value, fmt=fmt.value,
-                                      out=output, batches=batches, atol=atol, rtol=rtol,
+                                      out=output, force=force, batches=batches, atol=atol, rtol=rtol,
                                       preprocess=True if with_preprocess else False if no_preprocess
                                       else None, static=static, log=said)
             except DeployError as e:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -21,7 +21,8 @@ def register(app: typer.Typer) -> None:
                                              help="The script to write.")] = Path("repro.py"),
         check: Annotated[bool, typer.Option("--check", help="Run the script here and compare "
                                             "its losses with the run's, bit for bit.")] = False,
-        force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists.")] = False,
+        force: Annotated[bool, typer.Option("--force", help="Replace OUTPUT if it exists "
+                                            "(never through a symbolic link).")] = False,
         root: RootOption = DEFAULT_ROOT,
     ) -> None:
         """Write a standalone Python script that rebuilds RUN's model and data with its config
@@ -34,18 +35,20 @@ def register(app: typer.Typer) -> None:
         loss and the lr of each log point; `log_every = 1` logs every step). Exit 0 identical,
         1 on a difference, 2 when there is no script to write.
         """
+        from gridrun import userfiles
         from gridrun.commands.verify import run_folder
 
         folder = run_folder(run, root, "reproduce")
-        if output.is_symlink() or (output.exists() and not force):
-            fail(f"{output} exists: pass --force to replace it" if not output.is_symlink()
-                 else f"{output} is a symbolic link: not written through")
-        if not output.parent.is_dir():
-            fail(f"cannot write {output}: the folder {output.parent} does not exist")
+        try:
+            userfiles.check_target(output, force=force)  # at once: before torch is imported
+        except userfiles.RefusedFile as e:
+            _refused(e, output)
         from gridrun.checks import repro as scripts
 
         try:
-            spec = scripts.write(folder, output, steps)
+            spec = scripts.write(folder, output, steps, force=force)
+        except userfiles.RefusedFile as e:  # a full disk; a file that appeared meanwhile
+            _refused(e, output)
         except scripts.ReproError as e:
             fail(str(e))
         typer.echo(f"wrote {output}: run {spec.id}'s first {steps} steps (python {output})")
@@ -58,3 +61,9 @@ def register(app: typer.Typer) -> None:
         result = scripts.check(folder, logs)
         typer.echo(scripts.describe(result, steps))
         raise typer.Exit(0 if result["ok"] else 1)
+
+
+def _refused(e: Exception, output: Path) -> NoReturn:
+    from gridrun.userfiles import TargetExists
+
+    fail(f"{output} exists: pass --force to replace it" if isinstance(e, TargetExists) else str(e))

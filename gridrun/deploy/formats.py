@@ -1,7 +1,8 @@
-"""The three export formats behind one shape: export(fmt, model, signature, path), then
-load(fmt, path, signature) gives a module that computes with the exported file
-(onnxruntime for ONNX, the loaded program for `pt2` and TorchScript) and can be
-handed to the task's own `evaluate` in place of the PyTorch model.
+"""The three export formats behind one shape: export(fmt, model, signature) gives the
+exported file's bytes (written by the caller, userfiles.atomic_write: the exporters
+write nothing to disk), then load(fmt, data, signature) gives a module that computes
+with them (onnxruntime for ONNX, the loaded program for `pt2` and TorchScript) and can
+be handed to the task's own `evaluate` in place of the PyTorch model.
 
 A `Signature` names what the model is called with: the task's `inputs(batch)`
 (default: the batch's first tensor) bound to the model's `forward` parameters,
@@ -20,7 +21,6 @@ import logging
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -227,26 +227,28 @@ def _quiet():
                 logger.setLevel(level)
 
 
-def export(fmt: str, model: torch.nn.Module, sig: Signature, path: Path) -> None:
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")  # torch.export wants the suffix
+def export(fmt: str, model: torch.nn.Module, sig: Signature) -> bytes:
+    """The exported file, in memory: the caller checks its targets first and writes it
+    with the files beside it (a refusal or a full disk then changes nothing)."""
+    buffer = io.BytesIO()
     try:
         with _quiet(), torch.no_grad():
-            if fmt == "onnx":
-                torch.onnx.export(model, (), str(tmp), kwargs=sig.inputs, input_names=list(sig.inputs),
-                                  output_names=sig.outputs, dynamic_shapes=sig.export_shapes(),
-                                  dynamo=True, external_data=False, verbose=False)
-            elif fmt == "pt2":
+            if fmt == "onnx":  # no file: the program, serialized as ONNXProgram.save would
+                program = torch.onnx.export(model, (), kwargs=sig.inputs, input_names=list(sig.inputs),
+                                            output_names=sig.outputs, dynamic_shapes=sig.export_shapes(),
+                                            dynamo=True, verbose=False)
+                return program.model_proto.SerializeToString()
+            if fmt == "pt2":
                 program = torch.export.export(model, (), sig.inputs, dynamic_shapes=sig.export_shapes())
-                torch.export.save(program, tmp)
+                torch.export.save(program, buffer)
             else:
                 traced = torch.jit.trace(model, tuple(sig.inputs.values()), check_trace=False)
-                torch.jit.save(traced, str(tmp))
+                torch.jit.save(traced, buffer)
     except DeployError:
         raise
     except Exception as exc:
-        tmp.unlink(missing_ok=True)
         raise DeployError(export_failure(fmt, exc)) from exc
-    tmp.replace(path)
+    return buffer.getvalue()
 
 
 def export_failure(fmt: str, exc: BaseException) -> str:
@@ -283,21 +285,22 @@ class Exported(torch.nn.Module):
         return self.sig.rebuild(self.run(self.sig.bind(args, kwargs)))
 
 
-def load(fmt: str, path: Path, sig: Signature) -> Exported:
+def load(fmt: str, data: bytes, sig: Signature, name: str = "model") -> Exported:
+    """The exported file's bytes (`name`: its file name, for messages) as a module."""
     try:
         with _quiet():
-            run = _loader(fmt, path, sig)
+            run = _loader(fmt, data, sig)
     except Exception as exc:
-        raise DeployError(f"the exported {path.name} cannot be loaded: {type(exc).__name__}: "
+        raise DeployError(f"the exported {name} cannot be loaded: {type(exc).__name__}: "
                           f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}") from exc
     return Exported(fmt, run, sig).eval()
 
 
-def _loader(fmt: str, path: Path, sig: Signature) -> Callable[[dict[str, torch.Tensor]], list]:
+def _loader(fmt: str, data: bytes, sig: Signature) -> Callable[[dict[str, torch.Tensor]], list]:
     if fmt == "onnx":
         import onnxruntime
 
-        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
         names = [i.name for i in session.get_inputs()]
 
         def run(inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -306,7 +309,7 @@ def _loader(fmt: str, path: Path, sig: Signature) -> Callable[[dict[str, torch.T
 
         return run
     if fmt == "pt2":
-        module = torch.export.load(path).module()
+        module = torch.export.load(io.BytesIO(data)).module()
         return lambda inputs: _flatten(module(**inputs))[0]
-    traced = torch.jit.load(str(path), map_location="cpu")
+    traced = torch.jit.load(io.BytesIO(data), map_location="cpu")
     return lambda inputs: _flatten(traced(*inputs.values()))[0]

@@ -7,11 +7,13 @@ exports that model (with the task's preprocess in front when it declares one:
 whole.py) to ONNX, a `torch.export` archive (`.pt2`) or TorchScript, dynamic or
 `static` (static.py), then proves it computes what PyTorch computes on
 validation batches (parity.py), and writes `parity.json` and `model.json`
-(describe.py) beside it.
+(describe.py) beside it: the three by the rule of userfiles.py, checked before
+anything is exported, written only once all is done.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -23,6 +25,7 @@ from typing import Any
 
 import torch
 
+from gridrun import userfiles
 from gridrun.deploy.formats import DeployError
 from gridrun.runs import layout, nofollow, runlog
 from gridrun.runs.records import Summary
@@ -202,13 +205,15 @@ def default_output(run: LoadedRun, fmt: str, which: str) -> Path:
 
 
 def export_model(run: LoadedRun, *, checkpoint: str = "best", fmt: str = "onnx",
-                 out: str | os.PathLike | None = None, batches: int = 3,
+                 out: str | os.PathLike | None = None, force: bool = False, batches: int = 3,
                  atol: float | None = None, rtol: float | None = None,
                  preprocess: bool | None = None, static: bool = False,
                  log: Any = lambda line: None) -> dict[str, Any]:
     """Export the run's model, check parity, write parity.json and model.json; the report.
-    `preprocess`: export the task's preprocess in front of the model (None: when the task
-    declares one); `static`: every input dimension fixed (static.py)."""
+    `out`: the model file (default: in the run's export folder, replaced on a re-export);
+    an existing one, or a parity.json or model.json beside it, is replaced only with `force`
+    (userfiles.py). `preprocess`: export the task's preprocess in front of the model (None:
+    when the task declares one); `static`: every input dimension fixed (static.py)."""
     from gridrun.deploy import describe, formats, parity, whole
     from gridrun.deploy.static import Padded
 
@@ -217,8 +222,11 @@ def export_model(run: LoadedRun, *, checkpoint: str = "best", fmt: str = "onnx",
     if fmt == "onnx":
         formats.require_onnx()
     run.checkpoint_path(checkpoint)  # a clear message before anything is built
-    out = Path(out) if out is not None else default_output(run, fmt, checkpoint)
-    layout.make_private_dir(out.parent)
+    if out is None:  # gridrun's own folder: a re-export replaces its files
+        out, force = default_output(run, fmt, checkpoint), True
+        layout.make_private_dir(out.parent)
+    targets = _targets(Path(out), force)  # before anything is built: a refusal changes nothing
+    out = targets[0]
     model = run.model(checkpoint, "cpu")
     task = run.task
     included, note = whole.wanted(task, run.spec.task, preprocess)  # the note goes in the report
@@ -239,9 +247,9 @@ def export_model(run: LoadedRun, *, checkpoint: str = "best", fmt: str = "onnx",
         + ", ".join(f"{n} {formats.shape_text(s)}" for n, s in sig.symbolic_shapes().items()))
 
     started = time.perf_counter()
-    formats.export(fmt, reference, sig, out)
+    exported = formats.export(fmt, reference, sig)
     export_s = time.perf_counter() - started
-    program: torch.nn.Module = formats.load(fmt, out, sig)
+    program: torch.nn.Module = formats.load(fmt, exported, sig, out.name)
     if sig.static is not None:
         program = Padded(program, sig)
     load_s = time.perf_counter() - started - export_s
@@ -258,15 +266,53 @@ def export_model(run: LoadedRun, *, checkpoint: str = "best", fmt: str = "onnx",
                   preprocess=included, static=sig.static,
                   export_s=round(export_s, 3), load_s=round(load_s, 3),
                   train_s=round(train_s, 3) if isinstance(train_s, int | float) else None)
-    _write_json(out.parent / PARITY, report)
-    _write_json(out.parent / MODEL_JSON, describe.card(run, checkpoint, fmt, out, sig, report, model,
-                                                       included=included, log=log))
+    card = describe.card(run, checkpoint, fmt, out, sig, report, model, included=included, log=log)
+    _write(dict(zip(targets, (exported, _json(report), _json(card)), strict=True)), force)
     return report
 
 
-def _write_json(path: Path, value: dict[str, Any]) -> None:
+def _targets(out: Path, force: bool) -> list[Path]:
+    """The model, parity.json and model.json, each as userfiles.check_target allows (no
+    link even with `force`, no system folder, an existing file only with `force`). A
+    missing folder of `-o` is made, unless it would be in a system folder."""
+    if not os.path.lexists(out.parent) and (tree := userfiles.system_tree(out.parent)):
+        raise DeployError(f"refusing to write {out}: it is in the system folder {tree}; "
+                          "write into a folder of your own")
+    targets = [out, out.parent / PARITY, out.parent / MODEL_JSON]
+    if out.name in (PARITY, MODEL_JSON):
+        raise DeployError(f"cannot write the model to {out}: {out.name} is the name of the "
+                          "report beside it; name the model otherwise")
+    try:
+        if not os.path.lexists(out.parent):
+            layout.make_private_dir(out.parent)
+        for target in targets:
+            userfiles.check_target(target, force=force)
+    except userfiles.RefusedFile as e:
+        raise DeployError(str(e)) from None
+    except OSError as e:  # making -o's folder
+        raise DeployError(userfiles.why_not_written(e, out)) from None
+    return targets
+
+
+def _write(files: dict[Path, bytes], force: bool) -> None:
+    """Each file through userfiles.atomic_write, every one's bytes on disk before the first
+    takes its place (model.json last): a refusal or a full disk leaves the old ones whole."""
+    try:
+        with contextlib.ExitStack() as stack:  # left in reverse: the model first, model.json last
+            opened = [(path, stack.enter_context(userfiles.atomic_write(path, force=force)))
+                      for path in reversed(files)]
+            for path, f in opened:
+                try:
+                    f.write(files[path])
+                    f.flush()
+                    os.fsync(f.fileno())
+                except OSError as e:  # named here: the innermost file would be named otherwise
+                    raise userfiles.RefusedFile(userfiles.why_not_written(e, path)) from None
+    except userfiles.RefusedFile as e:
+        raise DeployError(str(e)) from None
+
+
+def _json(value: dict[str, Any]) -> bytes:
     from gridrun.train.worker import json_safe
 
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(json_safe(value), indent=1, allow_nan=False, default=str) + "\n")
-    os.replace(tmp, path)
+    return (json.dumps(json_safe(value), indent=1, allow_nan=False, default=str) + "\n").encode()

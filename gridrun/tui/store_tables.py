@@ -153,8 +153,11 @@ class StoreTables:
         `force`, a symbolic link is refused (ValueError) even then."""
         from gridrun.analysis import export, tables
 
+        from gridrun.userfiles import system_tree
+
         target = Path(path).expanduser()
-        target.parent.mkdir(parents=True, exist_ok=True)
+        if system_tree(target.parent) is None:  # a system folder is refused below, not made
+            target.parent.mkdir(parents=True, exist_ok=True)
         if (board := self._board(experiment)) is not None:  # a search: the leaderboard `t` shows
             with export.atomic_file(target, force=force) as f:
                 f.write(tables.format_leaderboard(board[0], experiment, "csv"))
