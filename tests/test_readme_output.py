@@ -8,8 +8,15 @@ A block of output follows a marker in the README:
                               runs/), each followed by what it prints;
     <!-- output: NAME -->     the block comes from PRODUCERS[NAME] (the end of
                               `gridrun run`, the interface in tmux, ...);
-    <!-- file: NAME -->       the next block is a file the commands use.
+    <!-- file: NAME -->       the next block is a file the commands use;
+    <!-- machine-dependent: REASON -->
+                              the block is not compared: what it shows varies
+                              by machine or torch build (measured rates, torch's
+                              own messages, ...); REASON says what, and so does
+                              the README's text (readers do not see the marker).
 
+Every plain block (a fence with no language tag) has one of these markers on the
+line right before it (test_every_plain_block_is_checked_or_marked_machine_dependent).
 Only what varies between two runs on the same machine is masked (MASKS: times,
 the machine panel, floating-point noise of other runtimes); a column renamed
 in the program without the README fails here.
@@ -20,6 +27,7 @@ thread each (the numbers are the engine's, bit for bit).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 import shutil
@@ -47,12 +55,16 @@ BLOCK = re.compile(r"<!-- (output|file)(?:: ([\w./-]+))? -->\n```[^\n]*\n(.*?)``
 FIRST = 12  # the interface is shown after the first 12 runs (width-lr) of the 18
 PARITY_ROW = re.compile(r"^(\s+output\s+float32)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)(\s+ok)$", re.M)
 UNSEEN = re.compile(r"(not part of the metrics\): max abs diff) (\S+)")
+# export-model's metrics to 6-7 digits: the last one moves with the CPU's instruction set
+# (torch's kernels dispatch on it: AVX2 and AVX-512 round the example's loss apart)
+EXPORT_METRIC = re.compile(r"^(  (?:loss|accuracy)) +(\S+) +(\S+) +(\S+)$", re.M)
 MASKS = [
     (re.compile(r"\b\d+(?:\.\d+)? s\b"), "N s"),  # wall times
     (re.compile(r"sha256 [0-9a-f]{16}…"), "sha256 …"),  # weights: another torch build rounds otherwise
     # parity: another CPU or torch build gives other rounding; parity_within_tolerance checks them
     (PARITY_ROW, r"\1 DIFF DIFF \4 \5\6"),
     (UNSEEN, r"\1 DIFF"),
+    (EXPORT_METRIC, r"\1 CLOSE CLOSE CLOSE"),  # close_figures compares them
     (re.compile(r"^ cpu .*$", re.M), " cpu …"),  # the machine panel of the interface
 ]
 
@@ -62,6 +74,17 @@ def masked(text: str) -> str:
     for pattern, replacement in MASKS:
         text = pattern.sub(replacement, text)
     return text
+
+
+def close_figures(got: str, readme: str, rel: float = 1e-5) -> None:
+    """export-model's metrics: the program's agree with the README's to `rel`, and its
+    recorded, PyTorch and ONNX columns agree with one another as closely."""
+    rows = {m[1]: [float(v) for v in m.groups()[1:]] for m in EXPORT_METRIC.finditer(readme)}
+    for m in EXPORT_METRIC.finditer(got):
+        values = [float(v) for v in m.groups()[1:]]
+        for value, shown in zip(values, rows.get(m[1], values), strict=True):
+            assert abs(value - shown) <= rel * abs(shown), (m[0], rows.get(m[1]))
+        assert max(values) - min(values) <= rel * abs(values[0]), m[0]
 
 
 def parity_within_tolerance(text: str) -> None:
@@ -180,6 +203,96 @@ def run_end(example: Example, capsys) -> str:
     return capsys.readouterr().out
 
 
+@contextlib.contextmanager
+def folder(example: Example, name: str, files: dict[str, str]):
+    """A fresh folder `name` in the work folder holding `files`, the current one meanwhile
+    (the module's runs/ stay as the other blocks show them)."""
+    path = example.work / name
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir()
+    for file, text in files.items():
+        (path / file).write_text(text)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(path)
+        yield path
+
+
+def checked(example: Example, name: str, exp: str) -> str:
+    """`gridrun plan --check exp.toml` on `exp`: its lines about the file (the README shows
+    those, not the plan's table)."""
+    with folder(example, name, {"exp.toml": exp}):
+        out = gridrun("plan", "--check", "exp.toml")
+    return "\n".join(line for line in out.splitlines() if line.startswith("exp.toml:"))
+
+
+def preprocess_check(example: Example, capsys) -> str:
+    """The task check on a data path that skips the task's preprocess (tests/bad_tasks.py)."""
+    return checked(example, "preprocess", '[defaults]\nepochs = 1\nbatch_size = 16\n\n'
+                   '[experiments.my-exp]\ntask = "bad_tasks:preprocess_forgotten"\n')
+
+
+def switch_note(example: Example, capsys) -> str:
+    return checked(example, "switch", '[experiments.sp]\ntask = "spirals"\naugmentation = false\n')
+
+
+def unknown_source(example: Example, capsys) -> str:
+    return checked(example, "vary", '[experiments.x]\ntask = "shapes"\nepochs = 1\nseeds = 5\n'
+                   'vary = "orderr"\n')
+
+
+SHOWN = 4  # the search's leaderboard: the README shows its best 4 rows, then "..."
+
+
+def search_leaderboard(example: Example, capsys) -> str:
+    """The end of `gridrun run examples/search.toml`: its 27 trials queued, run by an engine
+    in this process (2 slots, the local backend's fork server: 5-8 s on 2 cores), and
+    `gridrun compare spirals-search`, cut to the best SHOWN rows as the README shows it."""
+    from test_engine_kit import drain, engine_for
+
+    from gridrun.engine.backends.local import LocalBackend
+
+    search = (ROOT / "examples" / "search.toml").read_text()
+    with folder(example, "search", {"search.toml": search}) as work:
+        assert "queued 27 runs" in gridrun("queue", "search.toml")
+        local = LocalBackend()
+        try:
+            engine = engine_for(work / "runs", local, slots=2)
+            engine.start()
+            drain(engine, timeout=600)
+        finally:
+            local.close()
+        out = gridrun("compare", "spirals-search").splitlines()
+    header = next(i for i, line in enumerate(out) if line.startswith("RANK"))
+    rows = next(i for i, line in enumerate(out[header + 1:]) if not line[:1].isdigit())
+    assert rows > SHOWN, out
+    return "\n".join([*out[:header + 1 + SHOWN], "...", *out[header + 1 + rows:]])
+
+
+EXPORT = "runs/shapes-cnn/1e358ca3c3/export/best"  # the README's shapes run's export folder
+
+
+def predict_refusal(example: Example, capsys) -> str:
+    """`gridrun predict` given 0-1 floats for a shapes export's uint8 input. The refusal reads
+    model.json alone, so the folder holds a 1-epoch shapes run's export (pt2: no extra
+    needed) where the README's run exported: a second or two, not that run's 15 epochs."""
+    import numpy as np
+
+    from gridrun.spec import load_runs
+    from gridrun.tasks.shapes import shapes
+
+    exp = ('[experiments.shapes-cnn]\ntask = "shapes"\nepochs = 1\nbatch_size = 32\n'
+           "train_size = 64\nval_size = 32\nseeds = 1\nthreads = 1\n")
+    with folder(example, "deploy", {"exp.toml": exp}):
+        run = load_runs(Path("exp.toml"))[0].id
+        assert "completed" in gridrun("train", "exp.toml", run)
+        assert "parity ok" in gridrun("export-model", run, "--format", "pt2",
+                                      "-o", f"{EXPORT}/model.pt2")
+        raw, _ = shapes(train_size=64, val_size=32).raw_val_data[1]
+        np.save("val1-floats.npy", raw.numpy().astype(np.float32) / 255)
+        command = f"predict {EXPORT} val1-floats.npy"
+        return f"$ gridrun {command}\n" + gridrun(*command.split())
+
+
 def task_check(example: Example, capsys) -> str:
     """The task check on the README's own task with a mistake: `hit` for `hit_rate`."""
     from test_readme import example_code
@@ -214,7 +327,22 @@ def compare_screen(example: Example, capsys) -> str:
 
 
 PRODUCERS = {"run-end": run_end, "task-check": task_check, "interface": interface,
-             "compare-screen": compare_screen}
+             "compare-screen": compare_screen, "preprocess-check": preprocess_check,
+             "switch-note": switch_note, "unknown-source": unknown_source,
+             "search-leaderboard": search_leaderboard, "predict-refusal": predict_refusal}
+MARKER = re.compile(r"<!-- (output|output: [\w./-]+|file: [\w./-]+|machine-dependent: [^>]*\S) -->")
+
+
+def plain_blocks(text: str | None = None) -> list[tuple[int, str]]:
+    """(line number, the line right before it) of every fenced block with no language."""
+    found, inside, previous = [], False, ""
+    for number, line in enumerate((text or README.read_text()).splitlines(), 1):
+        if line.startswith("```"):
+            if not inside and line.rstrip() == "```":
+                found.append((number, previous))
+            inside = not inside
+        previous = line
+    return found
 
 
 def commands(text: str) -> list[tuple[str, str]]:
@@ -261,12 +389,28 @@ def test_readme_block_is_what_the_program_prints(example, monkeypatch, capsys, i
     assert masked(got) == masked(text), (
         f"README block {index} ({name or 'commands'}) differs from the program; it prints:\n{got}")
     parity_within_tolerance(got)
+    close_figures(got, text)
 
 
 def test_every_producer_has_its_block_and_every_block_a_producer():
     named = {name for kind, name, _ in blocks() if kind == "output" and name}
     assert named == set(PRODUCERS), named ^ set(PRODUCERS)
     assert len([1 for kind, name, _ in blocks() if kind == "output" and not name]) >= 4
+    # every output or file marker is read: one spelled otherwise would leave its block unchecked
+    markers = [line for line in README.read_text().splitlines()
+               if re.match(r"<!-- (output|file)\b", line)]
+    assert len(markers) == len(blocks()), markers
+
+
+def test_every_plain_block_is_checked_or_marked_machine_dependent():
+    """A block of output is compared with what the program prints, or says why it cannot be."""
+    unmarked = [f"README.md:{number}" for number, previous in plain_blocks()
+                if not MARKER.fullmatch(previous.strip())]
+    assert not unmarked, ("each needs <!-- output -->, <!-- output: NAME -->, <!-- file: NAME --> "
+                          f"or <!-- machine-dependent: REASON --> on the line before: {unmarked}")
+    # the fences are read as the README's renderer reads them: a closing fence is no opening
+    sample = "```bash\nx\n```\n```\nout\n```\n<!-- machine-dependent: y -->\n```\nz\n```\n"
+    assert plain_blocks(sample) == [(4, "```"), (8, "<!-- machine-dependent: y -->")]
 
 
 def test_a_column_renamed_in_the_program_fails_the_check(example, monkeypatch, capsys):
@@ -298,3 +442,9 @@ def test_masks_hide_only_what_varies():
     parity_within_tolerance(row.format("1.91e-05"))
     with pytest.raises(AssertionError):
         parity_within_tolerance(row.format("2.5e-04"))
+    # export-model's metrics: the last digit may move, a result may not
+    readme = "  loss            0.0522043    0.0522043    0.0522043"
+    assert masked(readme.replace("43", "44")) == masked(readme)
+    close_figures(readme.replace("43", "44"), readme)
+    with pytest.raises(AssertionError):
+        close_figures(readme.replace("0.0522043", "0.0523043"), readme)
