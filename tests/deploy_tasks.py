@@ -92,3 +92,37 @@ def binary(n: int = 128) -> Task:
     data = TensorDataset(x, y)
     return Task(model=nn.Linear(2, 1), train_data=data, val_data=data, loss=loss,
                 evaluate=evaluate, metrics={"loss": "lower", "accuracy": "higher"})
+
+
+class SqrtHead(nn.Module):
+    """A classifier of the square roots of its input: a negative value, inside the declared
+    range, gives NaN logits (what `predict` must still write as strict JSON)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x.sqrt())
+
+
+def sqrt_head(n: int = 64) -> Task:
+    """Three classes of points in 0.25..2 (the input declared -4..4), for predict's hostile
+    tests: a small float model whose outputs turn non-finite on a negative input."""
+    from gridrun import InputInfo
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(n, 2, generator=g) * 1.75 + 0.25
+    y = (x[:, 0] > x[:, 1]).long() + (x.sum(1) > 2.2).long()
+
+    def loss(model, batch):
+        return F.cross_entropy(model(batch[0]), batch[1])
+
+    def evaluate(model, batch):
+        logits = model(batch[0])
+        return {"loss": (F.cross_entropy(logits, batch[1], reduction="sum"), batch[1].numel())}
+
+    data = TensorDataset(x, y)
+    return Task(model=SqrtHead(), train_data=data, val_data=data, loss=loss, evaluate=evaluate,
+                metrics={"loss": "lower"}, class_names=("low", "mid", "high"),
+                input_info={"x": InputInfo(range=(-4.0, 4.0), note="a point")})

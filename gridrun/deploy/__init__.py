@@ -7,7 +7,10 @@
     parity    the exported model against PyTorch on validation batches
     describe  model.json
     predict   `gridrun predict`: an export folder served from model.json alone
+    modeljson model.json read back and checked (predict)
+    results   predict's outputs: top classes, decisions, strict JSON
 
 Imports `gridrun.train`, `gridrun.runs`, `gridrun.spec` and `gridrun.tasks`;
-`predict` imports nothing of gridrun (NumPy, onnxruntime or torch, Pillow).
+`predict` (with `modeljson`, `results`) imports only `gridrun.userfiles` of gridrun
+(NumPy, onnxruntime or torch, Pillow).
 """

@@ -2,22 +2,40 @@
 
 Reads model.json, runs the model file it names (onnxruntime for ONNX, the
 loaded program for `pt2` and TorchScript) on inputs read from files (an image,
-a `.npy`/`.npz`, or JSON) and returns the outputs. It imports no task code, no
-training code and nothing else of gridrun: NumPy, and onnxruntime (or torch for
-the other formats), Pillow for images. What it reads is checked against
-model.json first (dtype, shape, layout, range), so a wrong input gets one line
-saying what was expected, never a runtime's stack trace.
+a `.npy`/`.npz`, or JSON) and returns the outputs (results.py shows them). It
+imports no task code and no training code: of gridrun only userfiles, modeljson
+and results; NumPy, and onnxruntime (or torch for the other formats), Pillow for
+images. What it reads is checked against model.json first (dtype, shape, layout,
+range; NaN and infinities refused), so a wrong input gets one line saying what
+was expected, never a runtime's stack trace.
+
+Every file is read through userfiles (regular files only, a FIFO never hangs) with
+a size bound: JSON_LIMIT for a JSON input (more: a .npy), ARRAY_LIMIT for a .npy
+or a .npz (uncompressed), IMAGE_LIMIT and IMAGE_PIXELS for an image; model.json
+is checked field by field on load (modeljson.py) and may only name a model file
+inside its own folder.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import stat
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-MODEL_JSON = "model.json"
+from gridrun.deploy import modeljson
+from gridrun.userfiles import RefusedFile, kind_of, open_regular
+
+MODEL_JSON = modeljson.MODEL_JSON
+JSON_LIMIT = 16_000_000  # bytes of a JSON input: a larger input is given as a .npy
+ARRAY_LIMIT = 1_000_000_000  # bytes of a .npy, or of a .npz's arrays uncompressed
+IMAGE_LIMIT = 64_000_000  # bytes of an image file
+IMAGE_PIXELS = 2**25  # an image's width x height, checked before it is decoded
 IMAGES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 INSTALL = {"onnxruntime": "pip install onnxruntime (or 'gridrun[export]')",
            "torch": "pip install torch", "PIL": "pip install pillow (or 'gridrun[export]')"}
@@ -65,48 +83,54 @@ class Served:
 
     def __init__(self, folder: str | Path):
         path = Path(folder)
-        folder = path.parent if path.is_file() else path
-        if not folder.is_dir():
-            raise PredictError(f"{folder}: no such folder (give the folder export-model wrote)")
-        card_path = folder / MODEL_JSON
-        if not card_path.is_file():
-            raise PredictError(f"{folder} has no {MODEL_JSON}: give the folder `gridrun export-model` "
-                               "wrote (it holds the model file, model.json and parity.json)")
         try:
-            self.card = json.loads(card_path.read_text())
-            self.fmt, self.model_file = self.card["format"], folder / self.card["model"]
-            self.inputs: list[dict[str, Any]] = list(self.card["inputs"])
-            self.outputs: list[dict[str, Any]] = list(self.card["outputs"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise PredictError(f"{card_path} is not a model.json gridrun wrote ({type(e).__name__}: "
-                               f"{e})") from None
-        if not self.model_file.is_file():
-            raise PredictError(f"{self.model_file} is missing: {MODEL_JSON} names it "
-                               f"({self.fmt}); export again or copy the whole folder")
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            raise PredictError(f"{path}: no such folder (give the folder export-model wrote)") from None
+        except OSError as e:
+            raise PredictError(f"cannot read {path}: {e.strerror or e}") from None
+        if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+            raise PredictError(f"{path} is {kind_of(mode)}: give the folder export-model wrote "
+                               "(or its model file)")
+        folder = path if stat.S_ISDIR(mode) else path.parent
+        try:
+            self.card, self.model_file = modeljson.load(folder)
+        except FileNotFoundError:
+            raise PredictError(f"{folder} has no {MODEL_JSON}: give the folder `gridrun export-model` "
+                               "wrote (it holds the model file, model.json and parity.json)") from None
+        except modeljson.CardError as e:
+            raise PredictError(str(e)) from None
+        self.fmt: str = self.card["format"]
+        self.inputs: list[dict[str, Any]] = self.card["inputs"]
+        self.outputs: list[dict[str, Any]] = self.card["outputs"]
         self.static: dict[str, int] | None = self.card.get("static")
         self._run = self._loader()
 
     def _loader(self) -> Any:
         path = str(self.model_file)
-        if self.fmt == "onnx":
-            ort = _import("onnxruntime", "serving an ONNX model")
+        try:  # the model file as model.json names it: a regular file inside the folder
+            model = open_regular(path, what="model file")
+        except FileNotFoundError:
+            raise PredictError(f"{path} is missing: {MODEL_JSON} names it ({self.fmt}); export "
+                               "again or copy the whole folder") from None
+        except RefusedFile as e:
+            raise PredictError(str(e)) from None
+        with model:
+            if self.fmt == "onnx":
+                ort = _import("onnxruntime", "serving an ONNX model")
+                try:  # from the bytes read: the file checked is the file loaded
+                    session = ort.InferenceSession(model.read(), providers=["CPUExecutionProvider"])
+                except Exception as e:
+                    raise PredictError(f"{path} cannot be loaded by onnxruntime: {_first(e)}") from None
+                return lambda feed: session.run(None, feed)
+            torch = _import("torch", f"serving a {self.fmt} model")
             try:
-                session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+                if self.fmt == "pt2":
+                    module = torch.export.load(model).module()
+                else:
+                    module = torch.jit.load(model, map_location="cpu")
             except Exception as e:
-                raise PredictError(f"{path} cannot be loaded by onnxruntime: {_first(e)}") from None
-            return lambda feed: session.run(None, feed)
-        torch = _import("torch", f"serving a {self.fmt} model")
-        try:
-            if self.fmt == "pt2":
-                module = torch.export.load(path).module()
-            elif self.fmt == "torchscript":
-                module = torch.jit.load(path, map_location="cpu")
-            else:
-                raise PredictError(f"{MODEL_JSON}: unknown format {self.fmt!r}")
-        except PredictError:
-            raise
-        except Exception as e:
-            raise PredictError(f"{path} cannot be loaded: {_first(e)}") from None
+                raise PredictError(f"{path} cannot be loaded: {_first(e)}") from None
 
         def run(feed: dict[str, np.ndarray]) -> list[np.ndarray]:
             tensors = {i["name"]: torch.from_numpy(np.array(feed[i["name"]])) for i in self.inputs}
@@ -127,7 +151,11 @@ class Served:
                      if a == "0"), batch)
         parts = [self._padded({n: a[start:start + size] for n, a in feed.items()})
                  for start in range(0, batch, size)]
-        return [np.concatenate([p[k] for p in parts], axis=0) for k in range(len(self.outputs))]
+        try:
+            return [np.concatenate([p[k] for p in parts], axis=0) for k in range(len(self.outputs))]
+        except (ValueError, IndexError) as e:
+            raise PredictError(f"the model's outputs cannot be put back together along the batch "
+                               f"as model.json's static sizes say: {_first(e)}") from None
 
     def _padded(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         given: dict[str, int] = {}
@@ -142,20 +170,24 @@ class Served:
         cut = []
         for spec, out in zip(self.outputs, outs, strict=True):
             for axis, dim in ((int(k), d) for k, d in spec.get("dims", {}).items()):
-                if dim in given:
+                if dim in given and axis < out.ndim and out.shape[axis] >= given[dim]:
                     out = np.take(out, range(given[dim]), axis=axis)
             cut.append(out)
         return cut
 
     def _call(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         try:
-            return [np.asarray(o) for o in self._run(feed)]
+            outs = [np.asarray(o) for o in self._run(feed)]
         except PredictError:
             raise
         except Exception as e:
             raise PredictError("the model failed on inputs "
                                + ", ".join(f"{n} {a.dtype} {list(a.shape)}" for n, a in feed.items())
                                + f": {_first(e)}") from None
+        if len(outs) != len(self.outputs):
+            raise PredictError(f"the model gives {len(outs)} outputs, {MODEL_JSON} declares "
+                               f"{len(self.outputs)}: export the model again")
+        return outs
 
 
 def _pad(a: np.ndarray, axis: int, size: int) -> np.ndarray:
@@ -182,25 +214,58 @@ def _first(e: BaseException) -> str:
 def read(path: str | Path, served: Served) -> dict[str, np.ndarray]:
     """The feed for one input file, batched and checked against model.json."""
     path = Path(path)
-    if not path.is_file():
-        raise PredictError(f"{path}: no such file")
     suffix = path.suffix.lower()
-    if suffix in IMAGES:
-        spec = _only(served, path)
-        arrays = {spec["name"]: _image(path, spec)}
-    elif suffix in (".npy", ".npz"):
-        try:
-            loaded = np.load(path, allow_pickle=False)
-        except Exception as e:
-            raise PredictError(f"{path}: not a NumPy file ({_first(e)})") from None
-        arrays = ({k: loaded[k] for k in loaded.files} if suffix == ".npz"
-                  else {_only(served, path)["name"]: loaded})
-    elif suffix == ".json":
-        arrays = _json(path, served)
-    else:
-        raise PredictError(f"{path}: give an image ({', '.join(sorted(IMAGES))}), a .npy or .npz, "
-                           "or a .json file")
+    try:
+        f = open_regular(path, what="input")
+    except FileNotFoundError:
+        raise PredictError(f"{path}: no such file") from None
+    except RefusedFile as e:
+        raise PredictError(str(e)) from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if suffix in IMAGES:
+            spec = _only(served, path)
+            arrays = {spec["name"]: _image(path, _bytes(f, path, size, IMAGE_LIMIT, "image"), spec)}
+        elif suffix in (".npy", ".npz"):
+            arrays = _numpy(f, path, size, served)
+        elif suffix == ".json":
+            arrays = _json(path, _bytes(f, path, size, JSON_LIMIT, "JSON"), served)
+        else:
+            raise PredictError(f"{path}: give an image ({', '.join(sorted(IMAGES))}), a .npy or "
+                               ".npz, or a .json file")
     return check(arrays, served, path)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n % 1_000_000 else f"{n // 1_000_000} MB"
+
+
+def _bytes(f: Any, path: Path, size: int, limit: int, what: str) -> bytes:
+    more = (": give a larger input as a .npy (a .npz for several inputs), up to "
+            f"{_mb(ARRAY_LIMIT)}") if what == "JSON" else ""
+    data = f.read(limit + 1) if size <= limit else b""
+    if size > limit or len(data) > limit:
+        raise PredictError(f"{path}: {_mb(max(size, len(data)))} of {what}, more than the "
+                           f"{_mb(limit)} predict reads{more}")
+    return data
+
+
+def _numpy(f: Any, path: Path, size: int, served: Served) -> dict[str, np.ndarray]:
+    if size > ARRAY_LIMIT:
+        raise PredictError(f"{path}: {_mb(size)}, more than the {_mb(ARRAY_LIMIT)} predict reads")
+    try:
+        loaded = np.load(f, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            return {_only(served, path)["name"]: loaded}
+        unpacked = sum(info.file_size for info in loaded.zip.infolist())
+        if unpacked > ARRAY_LIMIT:
+            raise PredictError(f"{path}: {_mb(unpacked)} uncompressed, more than the "
+                               f"{_mb(ARRAY_LIMIT)} predict reads")
+        return {k: loaded[k] for k in loaded.files}
+    except PredictError:
+        raise
+    except Exception as e:
+        raise PredictError(f"{path}: not a NumPy file ({_first(e)})") from None
 
 
 def _only(served: Served, path: Path) -> dict[str, Any]:
@@ -211,17 +276,25 @@ def _only(served: Served, path: Path) -> dict[str, Any]:
     return served.inputs[0]
 
 
-def _image(path: Path, spec: dict[str, Any]) -> np.ndarray:
+def _image(path: Path, data: bytes, spec: dict[str, Any]) -> np.ndarray:
     layout = spec.get("layout", "")
     letters = "HWC" if "C" in layout else "HW"
-    if sorted(layout) != sorted(letters):
+    if sorted(layout) != sorted(letters) or len(spec["shape"]) != len(layout) + 1:
         raise PredictError(f"{path}: input {describe(spec)} is not an image (its layout in "
                            "model.json is not made of H, W and C): give a .npy or JSON")
     image_module = _import("PIL.Image", f"reading {path.name}")
     channels = spec["shape"][1 + layout.index("C")] if "C" in layout else 1
     try:
-        with image_module.open(path) as img:
+        with warnings.catch_warnings():  # Pillow's own bomb warning: the limit below says it
+            warnings.simplefilter("ignore")
+            img = image_module.open(io.BytesIO(data))
+        with img:
+            if img.width * img.height > IMAGE_PIXELS:
+                raise PredictError(f"{path}: {img.width} x {img.height} pixels, more than the "
+                                   f"{IMAGE_PIXELS} predict decodes")
             a = np.asarray(img.convert(MODES.get(channels, "RGB")))
+    except PredictError:
+        raise
     except Exception as e:
         raise PredictError(f"{path}: cannot read the image ({_first(e)})") from None
     if a.ndim == 2:
@@ -231,10 +304,13 @@ def _image(path: Path, spec: dict[str, Any]) -> np.ndarray:
     return a.transpose([letters.index(c) for c in layout])
 
 
-def _json(path: Path, served: Served) -> dict[str, Any]:
+def _json(path: Path, data: bytes, served: Served) -> dict[str, Any]:
     try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        value = json.loads(data)
+    except RecursionError:
+        raise PredictError(f"{path}: JSON nested too deeply to read: give arrays of at most "
+                           f"{modeljson.MAX_AXES} axes") from None
+    except ValueError as e:
         raise PredictError(f"{path}: not JSON ({_first(e)})") from None
     if isinstance(value, dict):
         return dict(value)
@@ -247,7 +323,8 @@ def check(arrays: dict[str, Any], served: Served, path: Path) -> dict[str, np.nd
     names = [i["name"] for i in served.inputs]
     missing, extra = [n for n in names if n not in arrays], [n for n in arrays if n not in names]
     if missing or extra:
-        raise PredictError(f"{path}: gives {', '.join(map(repr, arrays)) or 'nothing'}; the model takes "
+        given = [modeljson.short(n) for n in list(arrays)[:5]] + (["..."] if len(arrays) > 5 else [])
+        raise PredictError(f"{path}: gives {', '.join(given) or 'nothing'}; the model takes "
                            + "; ".join(describe(i) for i in served.inputs))
     feed = {}
     for spec in served.inputs:
@@ -255,6 +332,8 @@ def check(arrays: dict[str, Any], served: Served, path: Path) -> dict[str, np.nd
     batches = {a.shape[0] for a in feed.values()}
     if len(batches) > 1:
         raise PredictError(f"{path}: the inputs have different batch sizes {sorted(batches)}")
+    if 0 in batches:
+        raise PredictError(f"{path}: an empty batch (no samples): give at least one")
     return feed
 
 
@@ -285,7 +364,19 @@ def _fit(value: Any, spec: dict[str, Any], served: Served, path: Path) -> np.nda
             raise PredictError(f"{path}: {a.dtype} values, but {expected}")
         if want.kind in "iu" and a.size and (a.min() < np.iinfo(want).min or a.max() > np.iinfo(want).max):
             raise PredictError(f"{path}: values {a.min()}..{a.max()} do not fit {expected}")
-        a = a.astype(want)
+    if a.dtype.kind == "f" and a.size and not np.isfinite(a).all():
+        bad = int(np.count_nonzero(~np.isfinite(a)))
+        raise PredictError(f"{path}: {bad} non-finite values (NaN or infinity), but {expected}")
+    if spec.get("range") and a.size:  # its bounds as the input's dtype holds them: 1.2 is 1.2f
+        with np.errstate(all="ignore"):
+            low, high = (float(np.asarray(float(v)).astype(want) if want.kind == "f" else v)
+                         for v in spec["range"])
+        if float(a.min()) < low or float(a.max()) > high:
+            raise PredictError(f"{path}: values {float(a.min()):g}..{float(a.max()):g} outside "
+                               f"{expected}")
+    if want.kind == "f" and a.size and float(np.abs(a).max()) > float(np.finfo(want).max):
+        raise PredictError(f"{path}: values up to {float(np.abs(a).max()):g} do not fit {expected}")
+    a = a.astype(want)
     shape = spec["shape"]
     if a.ndim == len(shape) - 1:
         a = a[None]
@@ -305,79 +396,4 @@ def _fit(value: Any, spec: dict[str, Any], served: Served, path: Path) -> np.nda
         raise PredictError(f"{path}: shape {list(a.shape)}, but {expected}"
                            + (" (a batch axis first, or a single sample)"
                               if a.ndim != len(shape) and dims.get("0") else ""))
-    if spec.get("range") and a.size and want.kind in "iub":  # for floats a range only informs
-        low, high = spec["range"]
-        if float(a.min()) < low or float(a.max()) > high:
-            raise PredictError(f"{path}: values {float(a.min()):g}..{float(a.max()):g} outside "
-                               f"{expected}")
     return a
-
-
-# ---- showing outputs ---------------------------------------------------------------------
-
-
-def softmax(x: np.ndarray) -> np.ndarray:
-    z = np.exp(x - x.max(axis=-1, keepdims=True))
-    return z / z.sum(axis=-1, keepdims=True)
-
-
-def threshold(spec: dict[str, Any], out: np.ndarray) -> tuple[str, float] | None:
-    """(rule, cut) for a one-output binary model, whose last axis has size 1: argmax over it
-    is always 0, so the decision is the logit's sign, or 0.5 for an output model.json
-    declares a probability (its range within 0..1); None for any other output."""
-    shape = spec.get("shape") or list(out.shape)
-    if out.dtype.kind != "f" or out.ndim < 2 or len(shape) < 2 or shape[-1] != 1:
-        return None
-    declared = spec.get("range")
-    if isinstance(declared, list) and len(declared) == 2 and declared[0] >= 0 and declared[1] <= 1:
-        return "probability > 0.5", 0.5
-    return "logit > 0", 0.0
-
-
-def result(path: Path, feed: dict[str, np.ndarray], outs: list[np.ndarray], served: Served,
-           top: int) -> dict[str, Any]:
-    """One input's outputs as plain values; top-k per sample for a classifier's output."""
-    found: dict[str, Any] = {"input": str(path),
-                             "fed": {n: [str(a.dtype), list(a.shape)] for n, a in feed.items()},
-                             "outputs": {s["name"]: o.tolist() for s, o in zip(served.outputs, outs, strict=True)},
-                             "dtypes": {s["name"]: str(o.dtype) for s, o in zip(served.outputs, outs, strict=True)}}
-    for spec, out in zip(served.outputs, outs, strict=True):
-        names = spec.get("class_names")
-        rule = threshold(spec, out)
-        if rule is not None:
-            found.setdefault("decisions", {})[spec["name"]] = {
-                "rule": rule[0], "values": (out[..., 0] > rule[1]).astype(int).tolist()}
-            continue
-        if names and len(names) > 1 and out.ndim >= 1 and out.shape[-1] == len(names):
-            probs = softmax(out.astype(np.float64).reshape(-1, len(names)))
-            scores = out.reshape(-1, len(names))
-            found.setdefault("top", {})[spec["name"]] = [
-                [{"class": names[k], "score": float(s[k]), "p": float(p[k])}
-                 for k in np.argsort(-s, kind="stable")[:top]] for s, p in zip(scores, probs, strict=True)]
-    return found
-
-
-def lines(found: dict[str, Any], served: Served) -> list[str]:
-    fed = ", ".join(f"{n} {d} {s}" for n, (d, s) in found["fed"].items())
-    out = [f"{found['input']}  ({fed})"]
-    for spec in served.outputs:
-        name = spec["name"]
-        if name in found.get("top", {}):
-            rows = found["top"][name]
-            for i, row in enumerate(rows):
-                if len(rows) > 1:
-                    out.append(f"  sample {i}")
-                out += [f"  {r['class']:<12} {r['p']:.3f}  ({name} {r['score']:.4g})" for r in row]
-            continue
-        a = np.asarray(found["outputs"][name], dtype=found["dtypes"][name])
-        out.append(f"  {name} {a.dtype} {list(a.shape)}: "
-                   + np.array2string(a, precision=4, threshold=40, max_line_width=100).replace("\n", " "))
-        decided = found.get("decisions", {}).get(name)
-        if decided:
-            out.append(f"  {decided['rule']} (one output): "
-                       + np.array2string(np.asarray(decided["values"]), threshold=60,
-                                         max_line_width=100).replace("\n", " "))
-        elif a.dtype.kind == "f" and a.ndim >= 2:
-            out.append("  argmax over its last axis: "
-                       + np.array2string(a.argmax(-1), threshold=60, max_line_width=100).replace("\n", " "))
-    return out

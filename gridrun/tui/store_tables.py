@@ -152,7 +152,6 @@ class StoreTables:
         ablation table), atomically; an existing file raises FileExistsError unless
         `force`, a symbolic link is refused (ValueError) even then."""
         from gridrun.analysis import export, tables
-
         from gridrun.userfiles import system_tree
 
         target = Path(path).expanduser()
