@@ -11,6 +11,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from test_engine_kit import engine_for, kill_quietly, slow_run, wait_for
@@ -92,34 +94,91 @@ def checkpointed(root, run_id):
 # ---- the store -------------------------------------------------------------------------
 
 
+def sleeper() -> subprocess.Popen:
+    """A live process to stand for a `gridrun train` (stopped by the test that starts it)."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+
+
 def test_claim_queues_then_takes_and_refuses_what_is_not_its(tmp_path):
     run = slow_run()
-    with Store(tmp_path / "r") as store:
-        taken, before = store.claim_foreground(run, 111, 1.0, provenance={"git_commit": "abc"})
-        assert taken and before.status == states.QUEUED  # queued by the user, then taken
-        (r,) = store.list_runs()
-        assert (r.status, r.slot, r.pid, r.pid_start_time) == (states.RUNNING, FOREGROUND, 111, 1.0)
-        assert r.provenance["git_commit"] == "abc" and r.attempt == 1
-        # a second foreground process, or a dead pid that is not the one recorded, is refused
-        assert not store.claim_foreground(run, 222, 2.0)[0]
-        assert not store.claim_foreground(run, 222, 2.0, dead_pid=999)[0]
-        assert store.cancel([run.id])[run.id].startswith("not cancelled: it trains in the foreground")
-        assert store.intents(pending=True) == []  # the engine is asked nothing
-        # the recorded pid found gone: taken over
-        assert store.claim_foreground(run, 222, 2.0, dead_pid=111)[0]
-        assert store.list_runs()[0].pid == 222
-        # only the owner ends it
-        assert not store.end_foreground(run.id, 111, states.COMPLETED)
-        assert store.end_foreground(run.id, 222, states.COMPLETED, summary={"status": "completed"})
-        r = store.list_runs()[0]
-        assert (r.status, r.slot, r.pid, r.summary) == (states.COMPLETED, None, None,
-                                                        {"status": "completed"})
-        # an ended run is trained again as a new attempt; an engine's run is refused
-        assert store.claim_foreground(run, 333, 3.0)[0] and store.list_runs()[0].attempt == 2
-        store.end_foreground(run.id, 333, states.QUEUED)
-        store.transition(run.id, states.QUEUED, states.RUNNING, slot="cpu0", pid=444)
-        taken, before = store.claim_foreground(run, 555, 5.0)
-        assert not taken and before.slot == "cpu0"
+    first, me = sleeper(), os.getpid()
+    try:
+        first_start, my_start = child.process_start_time(first.pid), child.process_start_time(me)
+        with Store(tmp_path / "r") as store:
+            taken, before = store.claim_foreground(run, first.pid, first_start,
+                                                   provenance={"git_commit": "abc"})
+            assert taken and before.status == states.QUEUED  # queued by the user, then taken
+            (r,) = store.list_runs()
+            assert (r.status, r.slot, r.pid, r.pid_start_time) == (states.RUNNING, FOREGROUND,
+                                                                    first.pid, first_start)
+            assert r.provenance["git_commit"] == "abc" and r.attempt == 1
+            # a second foreground process, or a dead pid that is not the one recorded, is refused
+            assert not store.claim_foreground(run, 222, 2.0)[0]
+            assert not store.claim_foreground(run, 222, 2.0, dead_pid=999)[0]
+            assert store.cancel([run.id])[run.id].startswith("not cancelled: it trains in the "
+                                                             "foreground")
+            assert store.intents(pending=True) == []  # the engine is asked nothing
+            # the recorded pid found gone: taken over
+            assert store.claim_foreground(run, me, my_start, dead_pid=first.pid)[0]
+            assert store.list_runs()[0].pid == me
+            # only the owner ends it
+            assert not store.end_foreground(run.id, first.pid, states.COMPLETED)
+            assert store.end_foreground(run.id, me, states.COMPLETED, summary={"status": "completed"})
+            r = store.list_runs()[0]
+            assert (r.status, r.slot, r.pid, r.summary) == (states.COMPLETED, None, None,
+                                                            {"status": "completed"})
+            # an ended run is trained again as a new attempt; an engine's run is refused
+            assert store.claim_foreground(run, first.pid, first_start)[0]
+            assert store.list_runs()[0].attempt == 2
+            store.end_foreground(run.id, first.pid, states.QUEUED)
+            store.transition(run.id, states.QUEUED, states.RUNNING, slot="cpu0", pid=444)
+            taken, before = store.claim_foreground(run, 555, 5.0)
+            assert not taken and before.slot == "cpu0"
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_a_reader_never_shows_a_dead_foreground_run_running(tmp_path):
+    """`gridrun train` killed outright (SIGKILL, a closed terminal) and no engine to look:
+    `ls` (any reader of the store) returns its run to the queue, as the engine would,
+    saying why, instead of showing it `running ... training in the foreground` forever.
+    A live one, and one whose lock another process holds (a shared root), stay running."""
+    from gridrun.runs import store_rows
+
+    assert store_rows.RUN_LOCK == child.LOCK  # the lock a reader probes is the one runs hold
+    root = tmp_path / "r"
+    gone_run, live_run, locked_run = slow_run(), slow_run(seed=1), slow_run(seed=2)
+    (pid, start), (other, other_start) = dead_pid(), dead_pid()
+    with Store(root) as store:
+        store.claim_foreground(gone_run, pid, start)
+        store.claim_foreground(live_run, os.getpid(), child.process_start_time(os.getpid()))
+        store.claim_foreground(locked_run, other, other_start)
+    locked_dir = layout.make_run_dir(root, locked_run.experiment, locked_run.id)
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(locked_dir / child.LOCK)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        runs = listed(root)
+        assert runs[live_run.id]["status"] == runs[locked_run.id]["status"] == states.RUNNING
+        r = runs[gone_run.id]
+        assert (r["status"], r["slot"], r["pid"]) == (states.QUEUED, None, None)
+        assert r["note"] == (f"interrupted: its foreground process (pid {pid}) was gone; "
+                             "returned to the queue, resumes from its checkpoint")
+        shown = CliRunner().invoke(app, ["ls", "--root", str(root)]).output
+        assert f"(pid {pid})" in shown and f"training in the foreground (pid {pid})" not in shown
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+LOCK_HOLDER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.lockf(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(120)
+"""
 
 
 # ---- the engine ------------------------------------------------------------------------
@@ -199,7 +258,9 @@ def test_a_sigkilled_train_is_taken_over_by_the_next_train(tmp_path, root):
         proc.wait(10)
     finally:
         kill_quietly(proc.pid)
-    assert listed(root)[run_id]["status"] == states.RUNNING  # nobody has looked yet
+    r = listed(root)[run_id]  # `ls` looked: not `running` on a dead process
+    assert (r["status"], r["slot"]) == (states.QUEUED, None)
+    assert f"foreground process (pid {proc.pid}) was gone" in r["note"]
     again = CliRunner().invoke(app, ["train", str(file), "--root", str(root)])
     assert again.exit_code == 0, again.output
     assert "resumed from step" in again.output
@@ -243,3 +304,117 @@ def test_a_foreground_train_writes_output_log_and_still_prints(tmp_path, root):
     assert "completed:" in printed and "completed:" not in log  # gridrun's own end line
     shown = CliRunner().invoke(app, ["logs", run_id, "--root", str(root)])
     assert shown.exit_code == 0 and steps[-1] in shown.output.splitlines()
+
+
+BLOCKING = """
+[experiments.fg]
+task = "data_helpers:blocking"
+where = "{where}"
+num_workers = {workers}
+fifo = "{fifo}"
+marker = "{marker}"
+train_size = 128
+val_size = 32
+batch_size = 16
+epochs = 1
+"""
+
+
+def session(sid: int) -> list[int]:
+    """The live processes of a session (a `gridrun train` started in one of its own)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getsid(proc.pid) == sid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, how, where", [(signal.SIGTERM, "sleep", "main"),
+                                             (signal.SIGTERM, "fifo", "main"),
+                                             (signal.SIGINT, "fifo", "main"),
+                                             (signal.SIGTERM, "sleep", "workers")])
+def test_a_train_blocked_in_a_read_answers_sigterm_and_sigint(tmp_path, root, sig, how, where):
+    """The run's dataset blocks for good (time.sleep, a read of a FIFO nobody writes; in the
+    training process or in its DataLoader workers): the signal still ends `gridrun train`,
+    which records the run as stopped (cancelled, resumable) and exits 5, saying so in one
+    line, without a traceback, and leaves no process of its own behind."""
+    fifo = ""
+    if how == "fifo":
+        os.mkfifo(fifo := str(tmp_path / "fifo"))
+    marker = tmp_path / "blocked"
+    file = tmp_path / "exp.toml"
+    file.write_text(BLOCKING.format(fifo=fifo, marker=marker, where=where,
+                                    workers=2 if where == "workers" else 0))
+    proc = train(file, root)
+    try:
+        wait_for(marker.exists, timeout=60)
+        os.kill(proc.pid, sig)
+        printed, _ = proc.communicate(timeout=60)  # it answered, however slow the machine
+        assert session(proc.pid) == [], "a process of the stopped run is left"
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == states.EXIT_CODES[states.INTERRUPTED], printed
+    assert "Traceback" not in printed
+    name = signal.Signals(sig).name
+    told = [line for line in printed.splitlines() if name in line]
+    assert len(told) == 1 and "stopped it" in told[0], printed
+    (r,) = listed(root).values()
+    assert (r["status"], r["slot"], r["pid"]) == (states.CANCELLED, None, None)
+    assert r["note"].startswith(f"stopped in the foreground by {name}")
+
+
+@contextlib.contextmanager
+def worker_handlers():
+    """SIGTERM and SIGINT as the worker sets them while it trains: a request, no raise."""
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@pytest.mark.parametrize("grace, signals", [(0.3, [signal.SIGTERM]),
+                                             (600, [signal.SIGINT, signal.SIGTERM])])
+def test_a_signal_ends_a_read_that_its_handler_would_let_go_on(grace, signals):
+    """After its grace; a second signal at once."""
+    from gridrun.commands.train import Stopped, answering_signals
+
+    r, w = os.pipe()
+    unblock = threading.Timer(30, os.write, (w, b"x"))  # the test's own way out, if it fails
+    senders = [threading.Timer(0.2 * (i + 1), os.kill, (os.getpid(), sig))
+               for i, sig in enumerate(signals)]
+    try:
+        with worker_handlers(), pytest.raises(Stopped, match=signal.Signals(signals[0]).name), \
+                answering_signals(grace=grace):
+            for timer in [unblock, *senders]:
+                timer.start()
+            os.read(r, 1)  # blocks: nothing writes it
+    finally:
+        for timer in [unblock, *senders]:
+            timer.cancel()
+        os.close(r)
+        os.close(w)
+
+
+def test_a_forked_process_signal_is_not_the_runs():
+    """A DataLoader worker sent SIGTERM at its loader's shut-down (it inherits the run's
+    handlers and, without care, the wakeup fd) does not stop the run."""
+    from gridrun.commands.train import answering_signals
+
+    with worker_handlers(), answering_signals(grace=0.2):
+        pid = os.fork()
+        if pid == 0:  # the worker
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        time.sleep(1.0)  # five times the grace: a Stopped would have come

@@ -3,9 +3,15 @@
 The run is a run like any other: it is in the store (slot `fg`, this process's
 pid) while it trains, so `gridrun ls` and the interface show it and the engine
 leaves it alone; it ends there with its status and summary. If this process is
-killed outright, the engine (or the next `gridrun train`) sees its pid gone and
-returns the run to the queue. What it prints is also kept in the run's output.log,
-by the keeper the engine's runs use (outputlog.teed), so `gridrun logs` shows it.
+killed outright, the engine, the next `gridrun train` or any reader of the store
+(`gridrun ls`) sees its pid gone and returns the run to the queue. What it prints is
+also kept in the run's output.log, by the keeper the engine's runs use
+(outputlog.teed), so `gridrun logs` shows it.
+
+SIGTERM and SIGINT ask the run to checkpoint at its next step, as an engine run's
+worker does; a run that has not stopped STOP_GRACE_S later (blocked in a read, which
+a Python handler that does not raise lets go on), or at a second signal, is stopped
+where it is (`answering_signals`), and what it started that is left is killed.
 """
 
 from __future__ import annotations
@@ -14,17 +20,125 @@ import contextlib
 import fcntl
 import json
 import os
+import select
 import shutil
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, open_root, open_store, working
+from gridrun.commands.common import (
+    DEFAULT_ROOT,
+    RootOption,
+    fail,
+    open_root,
+    open_store,
+    say,
+    working,
+)
 from gridrun.commands.plan import FileArgument, load_or_exit
 
 LOCK_TRIES = 50  # the engine's lock probe holds the lock for an instant: try again a little
+STOP_GRACE_S = 5.0  # after SIGTERM or SIGINT: the time the run has to stop at a step boundary
+# sent by the watch to the main thread, whose handler raises: a signal nothing else uses
+STOP_SIGNAL = getattr(signal, "SIGRTMAX", signal.SIGUSR2)
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGINT (its name: str()), and the run did not stop at a step boundary
+    within STOP_GRACE_S: raised in the main thread, wherever it was blocked."""
+
+
+@contextlib.contextmanager
+def answering_signals(grace: float = STOP_GRACE_S) -> Iterator[list[str]]:
+    """While the worker trains: its own handlers make SIGTERM and SIGINT a request to
+    checkpoint at the next step, and return; a read the signal interrupted is then retried,
+    so a run blocked in one (a dataset reading a FIFO, a hung mount) would never stop. A
+    thread sees the signal (the wakeup fd: written by the C handler, whatever the main thread
+    does) and, if the run is still here `grace` seconds later, sends STOP_SIGNAL to the main
+    thread, whose handler raises Stopped: the blocked read ends with it; a second signal does
+    so at once. Yields the names of the signals seen (the first one stopped the run)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    done, lock, main = threading.Event(), threading.Lock(), threading.main_thread().ident
+    seen: list[str] = []
+
+    def raise_stopped(signum: int, frame: Any) -> None:
+        if not done.is_set():  # a late one, once the run has ended: nothing to stop
+            raise Stopped(seen[0] if seen else "a signal")
+
+    def watch() -> None:
+        until = None  # the first signal's grace; a second signal ends it at once
+        while not done.is_set():
+            wait = None if until is None else max(0.0, until - time.monotonic())
+            if not select.select([read_fd], [], [], wait)[0]:
+                break
+            names = [signal.Signals(n).name for n in os.read(read_fd, 64)
+                     if n in (signal.SIGTERM, signal.SIGINT)]
+            if names and seen:
+                break
+            seen.extend(names)
+            until = time.monotonic() + grace if seen and until is None else until
+        with lock:
+            if seen and not done.is_set():
+                signal.pthread_kill(main, STOP_SIGNAL)
+
+    _WATCHED[0] = write_fd
+    if not _WATCHED[1]:  # once a process: a hook cannot be taken back
+        os.register_at_fork(after_in_child=_unwatched)
+        _WATCHED[1] = 1
+    before_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    before = signal.signal(STOP_SIGNAL, raise_stopped)
+    watcher = threading.Thread(target=watch, name="gridrun-stop-watch", daemon=True)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        with lock:
+            done.set()
+        with contextlib.suppress(OSError):
+            os.write(write_fd, b"\0")  # wakes the watch if it still waits for a signal
+        signal.set_wakeup_fd(before_fd)
+        _WATCHED[0] = -1
+        watcher.join()
+        signal.signal(STOP_SIGNAL, before)
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+_WATCHED = [-1, 0]  # the wakeup fd answering_signals set, and whether _unwatched is hooked
+
+
+def _unwatched() -> None:
+    """In a process forked meanwhile (a DataLoader worker): its signals are its own, never
+    taken for the run's (a worker's SIGTERM at its loader's shut-down would stop the run)."""
+    if _WATCHED[0] != -1:
+        with contextlib.suppress(ValueError, OSError):
+            if (found := signal.set_wakeup_fd(-1)) != _WATCHED[0]:
+                signal.set_wakeup_fd(found)  # not ours after all: put back
+        _WATCHED[0] = -1
+
+
+def end_leftovers() -> None:
+    """What a stopped run started and left behind (a DataLoader worker blocked in a read
+    survives its loader's shut-down): killed. The output keeper has a session of its own.
+    torch's SIGCHLD handler goes first: it would raise for each worker killed."""
+    import psutil
+
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    mine = os.getsid(0)
+    with contextlib.suppress(psutil.Error):
+        for proc in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error, OSError):
+                if os.getsid(proc.pid) == mine:
+                    proc.kill()
 
 
 def pick(runs, wanted: str | None):
@@ -91,7 +205,7 @@ def hold_lock(run_dir: Path, pid: int, start_time: float | None) -> int | None:
 
 
 def record_end(root: Path, run_id: str, run_dir: Path, pid: int, code: int | None,
-               error: str | None = None) -> str:
+               error: str | None = None, by: str | None = None) -> str:
     """The run's ending in the store, as the engine records one; what to print."""
     from gridrun.runs import layout, runlog, states
     from gridrun.runs.records import Summary
@@ -109,7 +223,8 @@ def record_end(root: Path, run_id: str, run_dir: Path, pid: int, code: int | Non
     elif status == states.INTERRUPTED:
         # ctrl-c is the user's stop, not the machine's: kept out of the engine's queue
         status = states.CANCELLED
-        fields["note"] = "stopped in the foreground; `gridrun train` or `gridrun retry` resumes it"
+        fields["note"] = (f"stopped in the foreground{f' by {by}' if by else ''}; `gridrun train` "
+                          "or `gridrun retry` resumes it")
     elif status == states.COMPLETED:
         fields["note"] = "completed in the foreground"
     else:
@@ -180,9 +295,18 @@ def register(app: typer.Typer) -> None:
                 import gridrun.train.loop.trainer  # noqa: F401 - the worker's import, before it prints
             try:
                 with outputlog.teed(run_dir / layout.OUTPUT):  # as an engine run's, and on the terminal
-                    code = worker.main(run_dir, fresh=start_over)
-            except KeyboardInterrupt:  # before the worker's own handler
-                record_end(root, chosen.id, run_dir, pid, states.EXIT_CODES[states.INTERRUPTED])
+                    try:
+                        with answering_signals() as seen:
+                            code = worker.main(run_dir, fresh=start_over)
+                    except Stopped as e:
+                        end_leftovers()  # before the keeper waits for what holds its pipe
+                        say(f"{e}: the run did not stop at a step boundary within "
+                            f"{STOP_GRACE_S:g} s (blocked, in a read?): gridrun stopped it there; "
+                            "`gridrun train` resumes it from its last checkpoint")
+                        raise
+            except KeyboardInterrupt as e:  # before the worker's own handler, or Stopped
+                record_end(root, chosen.id, run_dir, pid, states.EXIT_CODES[states.INTERRUPTED],
+                           by=str(e) if isinstance(e, Stopped) else None)
                 raise typer.Exit(states.EXIT_CODES[states.INTERRUPTED]) from None
             except BaseException as e:
                 record_end(root, chosen.id, run_dir, pid, states.EXIT_CODES[states.FAILED],
@@ -191,7 +315,7 @@ def register(app: typer.Typer) -> None:
         finally:
             with contextlib.suppress(OSError):
                 os.close(lock)
-        recorded = record_end(root, chosen.id, run_dir, pid, code)
+        recorded = record_end(root, chosen.id, run_dir, pid, code, by=seen[0] if seen else None)
         status = states.STATUS_OF_EXIT[code]
         typer.echo(f"{status}: {run_dir}" + (f" (the run is {recorded}: `gridrun train` resumes it)"
                                              if recorded != status else ""), err=code != 0)

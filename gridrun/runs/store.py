@@ -35,6 +35,7 @@ from gridrun.runs.store_rows import (
     RunNotFound,
     TelemetrySample,
     dumps,
+    end_gone,
     loads,
     run_of,
     to_columns,
@@ -95,6 +96,7 @@ class Store(SearchTables, Database):
             where.append("instr(config, ?) > 0")
             args.append(config_has)
         sql = "SELECT * FROM runs" + (f" WHERE {' AND '.join(where)}" if where else "")
+        self.end_gone_foreground()
         with self._lock:
             rows = self._db.execute(sql + " ORDER BY priority DESC, queued_at, rowid", args).fetchall()
         return [run_of(r) for r in rows]
@@ -121,6 +123,7 @@ class Store(SearchTables, Database):
         order = "seq" if seq else "priority DESC, queued_at, rowid"
         where, args = ("seq > ? AND experiment = ?", (seq, experiment)) if experiment is not None \
             else ("seq > ?", (seq,))
+        self.end_gone_foreground()
         with self._lock:
             rows = self._db.execute(f"SELECT * FROM runs WHERE {where} ORDER BY {order}",
                                     args).fetchall()
@@ -236,6 +239,15 @@ class Store(SearchTables, Database):
             return mine is not None and self._update(
                 db, run_id, [states.RUNNING], status=status, slot=None, pid=None,
                 pid_start_time=None, **fields)
+
+    def end_gone_foreground(self) -> None:
+        """Every reader's look (list_runs, changes_since) at foreground runs: one whose
+        `gridrun train` was killed outright goes back to the queue (store_rows.end_gone)."""
+        with self._lock:
+            rows = [] if self.view is not None else self._db.execute(
+                "SELECT * FROM runs WHERE status = ? AND slot = ?",
+                (states.RUNNING, FOREGROUND)).fetchall()
+        end_gone(self, [run_of(r) for r in rows])
 
     # ---- intents: what any client may ask -----------------------------------------
 

@@ -1,10 +1,14 @@
 """What the store's rows are in Python: a run (`Run`), an intent, a telemetry
 sample, and the conversions between them and their SQLite columns (JSON for
-the structured ones). The SQL itself stays in store.py."""
+the structured ones); whether a foreground run's process is gone. The SQL itself
+stays in store.py."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import logging
 import os
 import sqlite3
 from collections.abc import Mapping
@@ -13,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.runs import layout, states
+from gridrun.runs.store_db import StoreError
 from gridrun.spec import RunSpec
+
+# The run's lock file, held by whatever process executes the run (engine/backends/child.py)
+RUN_LOCK = ".gridrun-lock"
+# a foreground run whose `gridrun train` is gone: the engine's words (scheduler.py) too
+FOREGROUND_GONE = ("interrupted: its foreground process (pid {pid}) was gone; returned to the "
+                   "queue, resumes from its checkpoint")
 
 
 class RunNotFound(KeyError):
@@ -131,3 +142,50 @@ def run_of(row: sqlite3.Row) -> Run:
     d["adjustments"] = tuple(loads(d["adjustments"]) or ())
     d["fresh"] = bool(d["fresh"])
     return Run(**d)
+
+
+def foreground_gone(run: Run, root: str | os.PathLike) -> bool:
+    """Whether the `gridrun train` process of a running foreground run is gone for sure:
+    its pid is no longer that process (its start time differs, or a zombie) and nobody
+    holds the run's lock (a process on another machine of a shared root would). What
+    cannot be told (a lock file this user cannot open) reads as alive."""
+    import psutil
+
+    if not run.pid:
+        return False
+    try:
+        proc = psutil.Process(run.pid)
+        same = not run.pid_start_time or abs(proc.create_time() - run.pid_start_time) <= 0.5
+        if same and proc.status() != psutil.STATUS_ZOMBIE:
+            return False
+    except psutil.NoSuchProcess:
+        pass
+    except (psutil.Error, ValueError):  # there, but not ours to look at
+        return False
+    try:
+        fd = os.open(run.run_dir(root) / RUN_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # taken for an instant: nobody holds it
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def end_gone(store: Any, running: list[Run]) -> None:
+    """Of `store`'s running foreground runs, those whose process is gone go back to the
+    queue, as the engine returns them (its words, in engine.log when it is the reader),
+    instead of showing `running` until someone trains them again."""
+    for run in running:
+        if foreground_gone(run, store.root):
+            note = FOREGROUND_GONE.format(pid=run.pid)
+            with contextlib.suppress(StoreError, sqlite3.Error):  # a reader reads on
+                if store.end_foreground(run.id, run.pid, states.QUEUED, note=note):
+                    logging.getLogger("gridrun.engine").info("%s %s", run.id, note)
