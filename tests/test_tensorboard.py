@@ -263,3 +263,61 @@ def test_sigterm_or_sighup_stops_tensorboard_and_its_children(root, tmp_path, si
         if proc is not None:
             with contextlib.suppress(OSError):
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+# ---- where event files may not go, a full disk, a log that is a link (issue 36) ----------
+
+
+def gridrun_tensorboard(root: Path, logdir: Path, *args: str) -> subprocess.CompletedProcess:
+    """The command as users run it: its own process, so what a thread of it prints shows."""
+    return subprocess.run([sys.executable, "-m", "gridrun", "tensorboard", "--no-serve", "--root",
+                           str(root), "--logdir", str(logdir), *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_logdir_in_a_system_folder_is_refused_in_one_line(root):
+    for logdir in ("/proc/self/gridrun-tb", "/proc/gridrun-tb/logs"):
+        result = tensorboard("--root", str(root), "--logdir", logdir)
+        assert result.exit_code == 2, result.output
+        assert result.output.strip() == (f"refusing to write event files in {logdir}: it is in "
+                                         "the system folder /proc; choose a folder of your own "
+                                         "(--logdir)")
+
+
+def test_a_full_disk_is_one_line_and_what_follows_writes_each_point_once(root, tmp_path):
+    pytest.importorskip("tensorboard", reason=EXTRA)
+    from tmpfs_kit import fill, mounted
+
+    with mounted(tmp_path / "disk", "2m") as disk:
+        filler = fill(disk)
+        logdir = disk / "logs"
+        done = gridrun_tensorboard(root, logdir)
+        assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+        assert done.stderr.strip() == (f"cannot write event files in {logdir}: the disk is full; "
+                                       "what was written before stays (free some space, or choose "
+                                       "another --logdir)")
+        filler.unlink()
+        done = gridrun_tensorboard(root, logdir)
+        assert done.returncode == 0, done.stderr
+        for run in Store(root).list_runs():  # each point once: nothing half-written is left
+            folder = run_folder(logdir, run.experiment, run.variant, run.seed, run.id)
+            assert events(folder) == expected(run.run_dir(root) / layout.METRICS)
+
+
+def test_a_metrics_log_that_is_a_link_is_skipped_with_a_note(root, tmp_path):
+    pytest.importorskip("tensorboard", reason=EXTRA)
+    import shutil
+
+    copy = tmp_path / "runs"
+    shutil.copytree(root, copy, symlinks=True)
+    linked, kept = Store(copy).list_runs()
+    metrics = linked.run_dir(copy) / layout.METRICS
+    metrics.unlink()
+    metrics.symlink_to(kept.run_dir(copy) / layout.METRICS)
+    done = gridrun_tensorboard(copy, tmp_path / "logs")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        f"note: {metrics} is a symbolic link: gridrun never follows a link inside its root, so "
+        f"it was not read (remove it: rm {metrics})"]
+    points = sum(len(v) for v in expected(kept.run_dir(copy) / layout.METRICS).values())
+    assert done.stdout.strip() == f"wrote {points:,} scalars of 1 run to {tmp_path / 'logs'}"

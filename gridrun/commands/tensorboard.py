@@ -32,9 +32,20 @@ def _runs(store: Any, prefixes: list[str]) -> list[Any]:
     return store.list_runs(ids=ids)
 
 
-def sync(root: Path, logdir: Path, prefixes: list[str], writer: Any, *, ended: set[str]) -> str:
+def not_written(error: OSError, logdir: Path) -> str:
+    """One line for an OSError met while writing event files under `logdir`."""
+    from gridrun.userfiles import _WRITE_ERRORS
+
+    reason = _WRITE_ERRORS.get(error.errno or 0) or error.strerror or str(error)
+    return (f"cannot write event files in {logdir}: {reason}; what was written before stays "
+            "(free some space, or choose another --logdir)")
+
+
+def sync(root: Path, logdir: Path, prefixes: list[str], writer: Any, *, ended: set[str],
+         noted: set[str]) -> str:
     """Write what is new of the runs (all, or those named); one line saying what was written.
-    Runs in `ended` were complete at an earlier sync and are not read again."""
+    Runs in `ended` were complete at an earlier sync and are not read again; a log not
+    read (a link) is said once, then kept in `noted`."""
     from gridrun.runs import runlog, states
 
     points = skipped = runs = 0
@@ -43,12 +54,18 @@ def sync(root: Path, logdir: Path, prefixes: list[str], writer: Any, *, ended: s
     for run in chosen:
         if run.id in ended and run.status in states.FINISHED:
             continue  # read to its end at an earlier sync
+        try:
+            wrote, bad, refused = writer.run(root, run)
+        except OSError as e:  # a full disk, a quota: one line; what was written stays whole
+            fail(not_written(e, logdir))
         if run.status in states.FINISHED:
             ended.add(run.id)
-        wrote, bad = writer.run(root, run)
         points, skipped, runs = points + wrote, skipped + bad, runs + (wrote > 0)
         if bad:
             say(f"note: {runlog.skipped_note(bad, run.run_dir(root) / 'metrics.jsonl')}")
+        if refused and refused not in noted:  # as `gridrun export` says it, once a run
+            noted.add(refused)
+            say(f"note: {refused}")
     return (f"wrote {points:,} scalar{'s' * (points != 1)} of {runs} run{'s' * (runs != 1)} "
             f"to {logdir}")
 
@@ -82,22 +99,26 @@ def register(app: typer.Typer) -> None:
         ctrl-c, SIGTERM or SIGHUP stops TensorBoard (and what it started) with it.
         """
         from gridrun.analysis.tensorboard import Sync, TensorBoardMissing, writer_class
+        from gridrun.userfiles import system_tree
 
         # a wrong --logdir is wrong with or without the package: said first
         if logdir.resolve().is_relative_to(root.resolve()):
             fail(f"--logdir {logdir} is inside the runs root {root}: choose a folder outside it")
+        if (tree := system_tree(logdir / "_")) is not None:  # where its files would go
+            fail(f"refusing to write event files in {logdir}: it is in the system folder "
+                 f"{tree}; choose a folder of your own (--logdir)")
         try:
             writer_class()
         except TensorBoardMissing as e:
             fail(str(e))
-        writer, ended = Sync(logdir), set()
+        writer, ended, noted = Sync(logdir), set(), set()
         try:
             with working(f"writing event files to {logdir}"):
-                wrote = sync(root, logdir, runs or [], writer, ended=ended)
+                wrote = sync(root, logdir, runs or [], writer, ended=ended, noted=noted)
             typer.echo(wrote)
             if not serve:
                 return
-            _serve(root, logdir, runs or [], writer, ended, port, every)
+            _serve(root, logdir, runs or [], writer, (ended, noted), port, every)
         finally:
             writer.close()
 
@@ -110,8 +131,8 @@ def _raise(signum: int, frame: Any) -> None:
     raise _Signalled(signal.Signals(signum).name)
 
 
-def _serve(root: Path, logdir: Path, prefixes: list[str], writer: Any, ended: set[str],
-           port: int, every: float) -> None:
+def _serve(root: Path, logdir: Path, prefixes: list[str], writer: Any,
+           seen: tuple[set[str], set[str]], port: int, every: float) -> None:
     command = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--port", str(port)]
     if shutil.which("tensorboard"):
         command = ["tensorboard", "--logdir", str(logdir), "--port", str(port)]
@@ -129,7 +150,7 @@ def _serve(root: Path, logdir: Path, prefixes: list[str], writer: Any, ended: se
         typer.echo(f"TensorBoard on http://localhost:{port}/ (ctrl-c stops it; the event files stay)")
         while board.poll() is None:
             time.sleep(every)
-            sync(root, logdir, prefixes, writer, ended=ended)
+            sync(root, logdir, prefixes, writer, ended=seen[0], noted=seen[1])
         fail(f"TensorBoard exited (code {board.returncode})", 1)
     except (KeyboardInterrupt, _Signalled) as e:
         with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
