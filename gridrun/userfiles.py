@@ -70,10 +70,15 @@ def system_tree(path: str | os.PathLike) -> str | None:
     return "/" if os.path.dirname(real) == "/" else None
 
 
+def write_error(error: OSError) -> str:
+    """What an OSError met while writing means, in a few words ("the disk is full")."""
+    return _WRITE_ERRORS.get(error.errno or 0) or (error.strerror or str(error))
+
+
 def why_not_written(error: OSError, out: str | os.PathLike) -> str:
     """One line for an OSError met while writing `out`."""
-    reason = _WRITE_ERRORS.get(error.errno or 0) or (error.strerror or str(error))
-    return f"cannot write {out}: {reason}; nothing was changed there (free space or pick another -o)"
+    return (f"cannot write {out}: {write_error(error)}; nothing was changed there "
+            "(free space or pick another -o)")
 
 
 def check_target(out: str | os.PathLike, *, force: bool = False) -> Path:

@@ -34,10 +34,9 @@ def _runs(store: Any, prefixes: list[str]) -> list[Any]:
 
 def not_written(error: OSError, logdir: Path) -> str:
     """One line for an OSError met while writing event files under `logdir`."""
-    from gridrun.userfiles import _WRITE_ERRORS
+    from gridrun.userfiles import write_error
 
-    reason = _WRITE_ERRORS.get(error.errno or 0) or error.strerror or str(error)
-    return (f"cannot write event files in {logdir}: {reason}; what was written before stays "
+    return (f"cannot write event files in {logdir}: {write_error(error)}; what was written before stays "
             "(free some space, or choose another --logdir)")
 
 
