@@ -163,9 +163,9 @@ def claim(root: Path, spec, file: Path, pid: int, start_time: float | None):
     """Take the run in the store for this process, or end the command saying who has it.
     Returns the row as it was before (its pending `fresh`, its status)."""
     from gridrun.commands.engine import provenance
-    from gridrun.engine.scheduler import foreground_alive
     from gridrun.runs import states
     from gridrun.runs.store import FOREGROUND
+    from gridrun.runs.store_rows import foreground_gone
 
     prov = provenance(file.resolve().parent)
     with open_store(root) as store:
@@ -179,7 +179,7 @@ def claim(root: Path, spec, file: Path, pid: int, start_time: float | None):
                 fail(f"{spec.id} is {before.status} on the engine (slot {before.slot}, pid "
                      f"{before.pid}): `gridrun cancel {spec.id}` stops it at its next checkpoint, "
                      "then `gridrun train` resumes it here", 1)
-            if before.pid == dead or foreground_alive(before, root):
+            if before.pid == dead or not foreground_gone(before, root):
                 fail(f"{spec.id} already trains in the foreground (pid {before.pid}): "
                      "one process per run", 1)
             dead = before.pid  # killed outright: take it over, once

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gridrun.engine.backends import child
 from gridrun.engine.backends.base import Backend, Exited, Slot
 from gridrun.engine.backends.slots import fits
 from gridrun.engine.diskspace import DiskSpace
@@ -35,18 +34,6 @@ HEARTBEAT = "engine_heartbeat"  # store state: {"pid", "t"}, written every HEART
 HEARTBEAT_EVERY = 1.0
 CPU_CAP = "cpu_cap"  # store state: why CPU runs wait with slots free (threads), or None
 FOREGROUND_EVERY = 2.0  # how often the engine looks whether foreground runs' processes live
-
-
-def foreground_alive(run: Run, root: Path) -> bool:
-    """Whether the `gridrun train` process of a foreground run still runs: its pid
-    is still that process, or someone holds the run's lock (a process elsewhere on
-    a shared root). The engine and the next `gridrun train` ask the same question."""
-    if run.pid and child.alive(run.pid, run.pid_start_time) is not None:
-        return True
-    try:
-        return child.lock_holder(run.run_dir(root)) is not None
-    except OSError:
-        return False
 
 
 class Engine(Endings):
@@ -214,8 +201,7 @@ class Engine(Endings):
         cancels = {i.run_id: i for i in self.store.intents(pending=True, limit=1_000_000)
                    if i.kind == "cancel"}
         for run in self.store.list_runs(status=states.RUNNING):
-            if run.slot == FOREGROUND:
-                self._check_foreground(run)
+            if run.slot == FOREGROUND:  # alive: list_runs returned the gone ones to the queue
                 continue
             slot = self._free_slot(prefer=run.slot)
             try:
@@ -252,21 +238,11 @@ class Engine(Endings):
             return
         self._next_foreground = now + FOREGROUND_EVERY
         try:
-            for run in self.store.list_runs(status=states.RUNNING):
-                if run.slot == FOREGROUND:
-                    self._check_foreground(run)
+            self.store.end_gone_foreground()  # what every reader of the queue does (store_rows)
         except Exception as e:  # a busy store is no reason to stop (a full disk: the wait)
             if space.is_no_space(e):
                 raise
             log.warning("could not look at foreground runs: %s", e)
-
-    def _check_foreground(self, run: Run) -> None:
-        if foreground_alive(run, self.root):
-            return
-        note = (f"interrupted: its foreground process (pid {run.pid}) was gone; "
-                "returned to the queue, resumes from its checkpoint")
-        if self.store.end_foreground(run.id, run.pid, states.QUEUED, note=note):
-            log.info("%s %s", run.id, note)
 
     def _free_slot(self, prefer: str | None = None) -> Slot | None:
         used = {a.slot.name for a in self.active.values() if a.slot}
