@@ -95,7 +95,7 @@ def check_target(out: str | os.PathLike, *, force: bool = False) -> Path:
                           "writes through one); name the file itself")
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise RefusedFile(f"refusing to write {out}: it is {kind_of(st.st_mode)}")
-    tree = system_tree(out.parent if st is None else out)
+    tree = system_tree(out)  # the file itself: /tmp/x is fine, /x and /etc/x are not
     if tree is not None:
         raise RefusedFile(f"refusing to write {out}: it is in the system folder {tree}; "
                           "write into a folder of your own")
@@ -187,7 +187,14 @@ def read_regular(path: str | os.PathLike, *, limit: int | None = None,
                  what: str = "file") -> bytes:
     """The bytes of a regular file (see `open_regular`)."""
     with open_regular(path, limit=limit, what=what) as f:
-        data = f.read() if limit is None else f.read(limit + 1)
+        if limit is None:
+            data = f.read()
+        else:  # in pieces: f.read(limit + 1) would allocate the whole limit up front
+            parts, left = [], limit + 1
+            while left > 0 and (part := f.read(min(left, 1 << 20))):
+                parts.append(part)
+                left -= len(part)
+            data = b"".join(parts)
     if limit is not None and len(data) > limit:  # it grew after the check
         raise RefusedFile(f"{what} {path} is more than the {_size(limit)} gridrun reads there: "
                           "not read")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
+from pathlib import Path
 
 import pytest
 from tmpfs_kit import fill, mounted
@@ -46,6 +48,16 @@ def test_a_system_folder_is_never_written(where):
     assert not os.path.lexists(where)
 
 
+def test_a_file_in_a_folder_just_under_the_root_is_written():
+    """/tmp/x.lmdb and /data/x.onnx are users' places: only /x itself is the root's."""
+    out = Path(tempfile.gettempdir()) / f"gridrun-userfiles-{os.getpid()}.bin"
+    try:
+        write(out)
+        assert out.read_bytes() == b"new"
+    finally:
+        out.unlink(missing_ok=True)
+
+
 def test_a_folder_or_a_device_is_not_a_target(tmp_path):
     with pytest.raises(RefusedFile, match="a folder"):
         write(tmp_path, force=True)
@@ -82,6 +94,7 @@ def test_devices_folders_and_sizes_are_refused_in_one_line(tmp_path):
     with pytest.raises(RefusedFile, match=r"2\.0 kB, more than the 1\.0 kB"):
         read_regular(big, limit=1000)
     assert read_regular(big, limit=2000) == b"0" * 2000
+    assert read_regular(big, limit=1 << 40) == b"0" * 2000  # a big limit allocates nothing
     with pytest.raises(FileNotFoundError):
         read_regular(tmp_path / "missing")
     assert stat.S_ISREG(os.stat(big).st_mode)
