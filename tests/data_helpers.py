@@ -82,3 +82,149 @@ class FileLike(torch.utils.data.Dataset):
     """Says it reads one file per sample, as FolderDataset does."""
 
     storage = "files"
+
+
+class Blocks(torch.utils.data.Dataset):
+    """A dataset that hangs (issue 36): from its `after`-th item on (counted in each
+    process) `__getitem__` blocks for good where `where` says: "main" (the training
+    process only), "workers" (DataLoader workers only) or "anywhere". It blocks in
+    `time.sleep`, or, with `fifo`, in a read of that FIFO (nobody writes it); `marker`,
+    if given, is created the first time it blocks. Every item it gives takes `sleep` s."""
+
+    def __init__(self, inner, where: str = "main", after: int = 0, fifo: str = "",
+                 marker: str = "", sleep: float = 0.0):
+        self.inner, self.where, self.after, self.fifo, self.marker = inner, where, after, fifo, marker
+        self.sleep, self.served = sleep, 0
+
+    def __len__(self):
+        return len(self.inner)
+
+    def blocks_here(self) -> bool:
+        in_worker = torch.utils.data.get_worker_info() is not None
+        return {"main": not in_worker, "workers": in_worker, "anywhere": True}[self.where]
+
+    def __getitem__(self, i):
+        if self.blocks_here():
+            if self.served >= self.after:
+                if self.marker:
+                    Path(self.marker).touch()
+                if self.fifo:
+                    fd = os.open(self.fifo, os.O_RDWR)  # a writer of its own: no EOF, ever
+                    try:
+                        os.read(fd, 1)
+                    finally:
+                        os.close(fd)
+                time.sleep(3600)
+            self.served += 1
+        if self.sleep:
+            time.sleep(self.sleep)
+        return self.inner[i]
+
+
+def blocking(where: str = "main", after: int = 0, fifo: str = "", marker: str = "",
+             sleep: float = 0.0, **kwargs):
+    """helper_tasks.augmented whose training data blocks for good (`Blocks`)."""
+    from helper_tasks import augmented
+
+    task = augmented(**kwargs)
+    task.train_data = Blocks(task.train_data, where, after, fifo, marker, sleep)
+    return task
+
+
+# ---- hostile inputs (issue 36): what runs in a child process, so that a hang before a
+# fix is a failed test (the child is killed at the timeout), never a hung test session
+
+def gridrun_child(*args, timeout: float = 60, address_space: int | None = None,
+                  cwd: str | os.PathLike | None = None) -> tuple[int, str, str, float]:
+    """`python -m gridrun ARGS` in a child process: (exit code, stdout, stderr, seconds);
+    `address_space` limits its virtual memory (RLIMIT_AS, as `ulimit -v`)."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit():
+        if address_space is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+    started = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-m", "gridrun", *map(str, args)], cwd=cwd,
+                              capture_output=True, text=True, timeout=timeout, preexec_fn=limit,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"gridrun {' '.join(map(str, args))} still ran after {timeout} s "
+                             f"(killed); stderr: {e.stderr!r}") from None
+    return done.returncode, done.stdout, done.stderr, time.monotonic() - started
+
+
+def train_child(tmp_path: Path, name: str, data: str | os.PathLike, timeout: float = 120) -> dict:
+    """A run of the `images` task on `data`, trained by a worker process as the engine
+    starts one; its summary (the test fails if the worker still runs at `timeout`)."""
+    import json
+    import subprocess
+    import sys
+
+    from test_resume import make_run
+
+    from gridrun.runs import layout
+
+    args = {"inner_task": "images", "step_sleep": 0.0, "data": str(data), "channels": 4}
+    _, run_dir = make_run(tmp_path, name, args, epochs=1, batch_size=8)
+    try:
+        subprocess.run([sys.executable, "-m", "gridrun.train.worker", str(run_dir)],
+                       capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"training on {data} still ran after {timeout} s (killed)") from None
+    return json.loads((run_dir / layout.SUMMARY).read_text())
+
+
+def meta_of(path: Path, name: str) -> bytes | None:
+    """The metadata `name` (index, names, labels, crc32) of a packed file, as stored."""
+    from gridrun.data import readers, stores
+
+    readers.close_readers()  # py-lmdb refuses a second handle on a file in one process
+    if stores.sniff(Path(path)) == stores.HDF5:
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            return f[f"meta/{name}"][()].tobytes() if f"meta/{name}" in f else None
+    import lmdb
+
+    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            return txn.get(stores.META_PREFIX + name.encode())
+    finally:
+        env.close()
+
+
+def set_meta(path: Path, name: str, data: bytes) -> None:
+    """Replace the metadata `name` of a packed file in place (damage, for the tests)."""
+    import numpy as np
+
+    from gridrun.data import readers, stores
+
+    readers.close_readers()
+    if stores.sniff(Path(path)) == stores.HDF5:
+        import h5py
+
+        with h5py.File(path, "r+") as f:
+            if f"meta/{name}" in f:
+                del f[f"meta/{name}"]
+            f[f"meta/{name}"] = np.frombuffer(data, dtype=np.uint8)
+        return
+    import lmdb
+
+    end = getattr(stores, "LMDB_END", None)
+    tail = end is not None and Path(path).read_bytes().endswith(end)
+    env = lmdb.open(str(path), subdir=False, lock=False, map_size=64 << 20)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(stores.META_PREFIX + name.encode(), data)
+        pages = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    finally:
+        env.close()
+    if tail:  # its new pages took the place of the tail: write it again
+        os.truncate(path, pages)
+        with open(path, "ab") as f:
+            f.write(bytes(stores.LMDB_TAIL - len(end)) + end)

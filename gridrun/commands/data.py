@@ -31,17 +31,29 @@ def _progress(label: str):
                     disable=not console.is_terminal)
 
 
+def _one_line(e: BaseException) -> str:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
 def _dataset(spec: str) -> Any:
-    """`package.module:attr`: a map-style Dataset, or a function that returns one."""
+    """`package.module:attr`: a map-style Dataset, or a function that returns one, imported
+    under the rule every task import follows (the current directory first on sys.path)."""
     import importlib
 
+    from gridrun.tasks import use_working_directory
+
+    use_working_directory()
     module_name, _, attr = spec.partition(":")
     try:
         found = getattr(importlib.import_module(module_name), attr)
     except Exception as e:  # the user's import: one line, whatever it raised
-        fail(f"cannot load {spec!r}: {type(e).__name__}: {e}")
+        fail(f"cannot load {spec!r}: {_one_line(e)}")
     if callable(found) and not hasattr(found, "__getitem__"):
-        found = found()
+        try:
+            found = found()
+        except Exception as e:  # the user's factory: one line, whatever it raised
+            fail(f"{spec}() raised {_one_line(e)}")
     return found
 
 
@@ -80,6 +92,7 @@ def register(app: typer.Typer) -> None:
         from gridrun.data import PackError
         from gridrun.data import check as check_file
         from gridrun.data import pack as pack_into
+        from gridrun.userfiles import RefusedFile
 
         if fmt is not None and fmt not in ("lmdb", "hdf5"):
             fail(f"--format {fmt!r}: expected lmdb or hdf5")
@@ -111,7 +124,7 @@ def register(app: typer.Typer) -> None:
             if check:
                 report["check"] = checked = _with_bar(f"checking {target.name}",
                                                       lambda p: check_file(target, progress=p))
-        except PackError as e:
+        except (PackError, RefusedFile) as e:
             fail(str(e))
         if as_json:
             typer.echo(json.dumps(report, indent=1))
@@ -146,11 +159,13 @@ def register(app: typer.Typer) -> None:
             fail(f"run {chosen.id} ({chosen.task}): {type(e).__name__}: {e}", 1)
         if as_json:
             typer.echo(json.dumps(record, indent=1))
-            return
-        typer.echo(f"run {chosen.id} ({chosen.task}, seed {chosen.seed}): "
-                   f"{record['train_samples']:,} training samples on {record['device']}, "
-                   f"{record['cores']} cores, {record['spent_s']:.1f} s measuring")
-        typer.echo(loader_table(record))
+        else:
+            typer.echo(f"run {chosen.id} ({chosen.task}, seed {chosen.seed}): "
+                       f"{record['train_samples']:,} training samples on {record['device']}, "
+                       f"{record['cores']} cores, {record['spent_s']:.1f} s measuring")
+            typer.echo(loader_table(record))
+        if record["timed_out"]:  # what it measured is printed; the hang is an error
+            fail(f"run {chosen.id}: {record['reason']}", 1)
 
 
 def describe_check(checked: dict[str, Any]) -> str:
@@ -166,6 +181,8 @@ def describe_check(checked: dict[str, Any]) -> str:
         problems.append("the content hash differs from the source's")
     if checked["bad_labels"]:
         problems.append(f"{checked['bad_labels']} labels name no class")
+    if checked.get("class_names"):
+        problems.append(checked["class_names"])
     return (f"{checked['path']} is damaged: {'; '.join(problems)}: re-pack it "
             f"(`gridrun pack {checked['source']} -o {checked['path']} --force`)")
 
@@ -177,7 +194,8 @@ def loader_table(record: dict[str, Any]) -> str:
     rows = [f"{'workers':>7}  {'prefetch':>8}  {'pin':>3}  {'samples/s':>10}  {'first batch':>11}  "
             f"{'workers USS':>11}  {'PSS':>10}"]
     for t in record["trials"]:
-        rate = f"{t['samples_per_s']:,.0f}" if t["samples_per_s"] else t["error"] or "-"
+        rate = (f"{t['samples_per_s']:,.0f}" if t["samples_per_s"] else
+                "timed out" if t.get("timed_out") else t["error"] or "-")  # the reason says more
         first = f"{t['first_batch_s']:.2f} s" if t["first_batch_s"] is not None else "-"
         rows.append(f"{t['num_workers']:>7}  {t['prefetch_factor']:>8}  "
                     f"{'yes' if t['pin_memory'] else 'no':>3}  {rate:>10}  {first:>11}  "

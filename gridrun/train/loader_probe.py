@@ -16,7 +16,11 @@ within TIE of the fastest with fewer workers (or less prefetch) wins over it.
 Its cost is bounded: the 0-worker trial (FIRST_S) sizes the run (its samples
 at that pace), and the whole probe gets FRACTION of that, at least FLOOR_S and
 at most CAP_S; a run whose data takes less than that to load gets 0 workers
-without more trials. It can overrun by one batch and a worker shut-down.
+without more trials. It can overrun by one batch and a worker shut-down, never by more
+than its budget again (at least HANG_S), whatever the dataset does: the 0-worker trial
+runs in a forked process, killed if it hangs (on CUDA, timed without the copy to the
+device, which it cannot make); trials with workers wait for a batch until then, and kill
+the workers that hang. A probe that timed out says so and chooses 0 workers.
 
 It never changes results: num_workers, prefetch_factor and pin_memory never do
 (data.py), the probe reads batches of an epoch no run trains (PROBE_EPOCH),
@@ -26,8 +30,13 @@ same numbers in the same order as a run with its settings fixed.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import math
+import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -45,6 +54,7 @@ FIRST_S = 0.25  # the 0-worker trial
 MIN_TRIAL_S = 0.15  # less time than this left: no more trials
 MEMORY_SHARE = 0.25  # of the memory available when the probe starts, for all workers together
 TIE = 0.95
+HANG_S = 2.0  # at least this long past the budget, a batch that has not come is a hang
 
 
 @dataclass
@@ -59,6 +69,7 @@ class Trial:
     workers_uss_bytes: int | None = None  # all workers together (None: not measured)
     workers_pss_bytes: int | None = None
     error: str | None = None
+    timed_out: bool = False  # no batch by the probe's deadline: stopped there
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -116,24 +127,57 @@ def workers_memory(pids: set[int]) -> tuple[int | None, int | None]:
     return (uss, pss or None) if seen else (None, None)
 
 
+def die_with_parent(inner: Callable[[int], None] | None = None, worker_id: int = 0) -> None:
+    """Killed when the process that made this one ends (Linux): a probe's process or worker
+    blocked for good never outlives a probe killed outright; then `inner(worker_id)`."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if inner is not None:  # the loader's own worker_init_fn
+        inner(worker_id)
+
+
+def _timed_out(trial: Trial, waited: float) -> Trial:
+    where = "in DataLoader workers" if trial.num_workers else "in the training process"
+    trial.timed_out, trial.error = True, (f"gave no batch within {waited:.1f} s: timed out (the "
+                                          f"dataset hangs {where}, or a batch takes longer)")
+    return trial
+
+
+def _abandon(it: Any) -> None:
+    """Kill a loader's workers, out of torch's watch first (its shut-down would wait 5 s for
+    each, then send SIGTERM, which a worker that hangs may not answer)."""
+    from torch.utils.data._utils.signal_handling import _remove_worker_pids
+
+    if getattr(it, "_worker_pids_set", False):
+        _remove_worker_pids(id(it))  # else torch's SIGCHLD handler raises: "killed by signal"
+        it._worker_pids_set = False
+    for w in getattr(it, "_workers", ()):
+        w.kill()
+        w.join(1.0)
+
+
 def run_trial(dataset: Any, cfg: Mapping[str, Any], settings: Mapping[str, Any], *, seed: int,
               collate_fn: Any, device: torch.device, count: Callable[[Any], int],
-              seconds: float) -> Trial:
-    """Time the training loader with `settings` for about `seconds`."""
+              seconds: float, deadline: float | None = None) -> Trial:
+    """Time the training loader with `settings` for about `seconds`; with workers, waiting
+    for a batch only until `deadline` (a perf_counter time)."""
     trial = Trial(**settings)
     clock = time.perf_counter
     loader = train_loader(dataset, {**cfg, **settings, "persistent_workers": False}, seed=seed,
                           collate_fn=collate_fn, cuda=device.type == "cuda")
     loader.sampler.set_epoch(PROBE_EPOCH)
+    if trial.num_workers:
+        loader.worker_init_fn = functools.partial(die_with_parent, loader.worker_init_fn)
     before = _children()
     # start-up, then the burst of batches prefetched meanwhile: left out of the pace
     warm = max(1, trial.num_workers * trial.prefetch_factor)
     started = clock()
-    mark = None
+    mark = it = None
     measured = total = 0
-    it = iter(loader)
+    if trial.num_workers and deadline is not None:  # DataLoader's wait for a batch
+        loader.timeout = max(0.01, deadline - clock())
     try:
-        for batch in it:
+        for batch in (it := iter(loader)):
             to_device(batch, device, non_blocking=trial.pin_memory)
             n = count(batch)
             total += n
@@ -151,6 +195,8 @@ def run_trial(dataset: Any, cfg: Mapping[str, Any], settings: Mapping[str, Any],
                     _children() - before)
             if last:
                 break
+            if loader.timeout:  # the next batch's wait: only until the deadline
+                it._timeout = max(0.01, deadline - clock())
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         end = clock()
@@ -159,11 +205,43 @@ def run_trial(dataset: Any, cfg: Mapping[str, Any], settings: Mapping[str, Any],
         elif total and end > started:
             trial.samples_per_s = total / (end - started)
     except Exception as e:  # the run itself will meet it again, with its traceback
-        trial.error = f"{type(e).__name__}: {e}"
+        if loader.timeout and clock() >= deadline - 0.1:  # the wait for a batch ran out
+            _timed_out(trial, clock() - started)
+        else:
+            trial.error = f"{type(e).__name__}: {e}"
     finally:
+        if trial.timed_out and it is not None:
+            _abandon(it)
         del it  # shuts the workers down
     trial.seconds = clock() - started
     return trial
+
+
+def forked_trial(dataset: Any, cfg: Mapping[str, Any], settings: Mapping[str, Any], *,
+                 deadline: float, device: torch.device, **kwargs: Any) -> Trial:
+    """`run_trial` with 0 workers in a forked process, abandoned (killed, with what it
+    started) if it has not answered by `deadline`: a dataset that hangs in the training
+    process hangs there. A forked process cannot use CUDA: there, timed on the CPU."""
+    cuda = device.type == "cuda"
+    here, on = ({**settings, "pin_memory": False}, torch.device("cpu")) if cuda else (settings, device)
+    started = time.perf_counter()
+    context = multiprocessing.get_context("fork")  # a fork: nothing is pickled
+    reader, writer = context.Pipe(duplex=False)
+    proc = context.Process(name="gridrun-probe", target=lambda: (die_with_parent(), writer.send(
+        asdict(run_trial(dataset, cfg, here, device=on, **kwargs)))))
+    proc.start()
+    writer.close()
+    try:
+        if reader.poll(max(0.0, deadline - time.perf_counter())):
+            return Trial(**{**reader.recv(), "pin_memory": settings["pin_memory"]})
+        return _timed_out(Trial(**settings, seconds=time.perf_counter() - started),
+                          time.perf_counter() - started)
+    except EOFError:
+        return Trial(**settings, error="the trial's process ended without a result")
+    finally:
+        proc.kill()  # if it hung: a trial with 0 workers starts no process of its own
+        proc.join()
+        reader.close()
 
 
 def pick(trials: list[Trial], memory_budget: int) -> Trial | None:
@@ -199,10 +277,14 @@ def probe(dataset: Any, cfg: Mapping[str, Any], *, seed: int, collate_fn: Any,
     run: dict[str, Any] = dict(seed=seed, collate_fn=collate_fn, device=device, count=count)
     saved = rng_state()
     trials: list[Trial] = []
+
+    def deadline(budget: float) -> float:  # no batch by then: the dataset hangs
+        return started + budget + max(HANG_S, budget)
     try:
-        trials.append(first := run_trial(dataset, cfg, dict(num_workers=0, prefetch_factor=prefetch,
-                                                            pin_memory=pin),
-                                         seconds=min(FIRST_S, budget_s or FIRST_S), **run))
+        trials.append(first := forked_trial(
+            dataset, cfg, dict(num_workers=0, prefetch_factor=prefetch, pin_memory=pin),
+            seconds=min(FIRST_S, budget_s or FIRST_S),
+            deadline=deadline(CAP_S if budget_s is None else budget_s), **run))
         estimate = (total_samples / first.samples_per_s) if first.samples_per_s else None
         budget = budget_s if budget_s is not None else budget_for(estimate)
         if first.error:
@@ -220,7 +302,8 @@ def probe(dataset: Any, cfg: Mapping[str, Any], *, seed: int, collate_fn: Any,
                     break
                 trial = run_trial(dataset, cfg, dict(num_workers=workers, prefetch_factor=prefetch,
                                                      pin_memory=pin),
-                                  seconds=left / (len(counts) - i + variants), **run)
+                                  seconds=left / (len(counts) - i + variants),
+                                  deadline=deadline(budget), **run)
                 trials.append(trial)
                 before = trials[-2].samples_per_s or 0.0 if i else 0.0
                 if trial.error or (trial.samples_per_s or 0.0) < TIE * before:
@@ -236,23 +319,28 @@ def probe(dataset: Any, cfg: Mapping[str, Any], *, seed: int, collate_fn: Any,
                 if left < MIN_TRIAL_S:
                     break
                 trials.append(run_trial(dataset, cfg, settings, seconds=left / (len(extra) - i),
-                                        **run))
+                                        deadline=deadline(budget), **run))
     finally:
         set_rng_state(saved)
-    chosen = pick(trials, memory_budget) or trials[0]
-    if chosen.num_workers == 0 and len(trials) > 1:
+    hung = next((t for t in trials if t.timed_out), None)
+    chosen = trials[0] if hung else pick(trials, memory_budget) or trials[0]
+    if hung:  # the safe choice: 0 workers
+        reason = (f"with {hung.num_workers} worker{'s' * (hung.num_workers != 1)} the loader "
+                  f"{hung.error}; probing stopped at its budget and chose 0 workers")
+    elif chosen.num_workers == 0 and len(trials) > 1:
         reason = ("no setting with workers loaded as fast as the training process itself (handing "
                   "batches between processes cost more than making them)")
     return {"num_workers": "auto", "chosen": chosen.settings, "samples_per_s": chosen.samples_per_s,
-            "reason": reason, "trials": [asdict(t) for t in trials], "cores": n_cores,
-            "worker_counts": counts, "estimate_s": estimate, "budget_s": budget,
+            "reason": reason, "timed_out": hung is not None, "trials": [asdict(t) for t in trials],
+            "cores": n_cores, "worker_counts": counts, "estimate_s": estimate, "budget_s": budget,
             "spent_s": clock() - started, "memory_budget_bytes": memory_budget}
 
 
 def settle(cfg: Mapping[str, Any], task: Any, seed: int, device: torch.device, total_steps: int,
-           summary: dict[str, Any]) -> Mapping[str, Any]:
+           summary: dict[str, Any], warn: Callable[[str], None] | None = None) -> Mapping[str, Any]:
     """The trainer keys the run's loader uses: `cfg` itself, or with num_workers = "auto"
-    the measured choice (recorded in the summary's environment, as `loader`)."""
+    the measured choice (recorded in the summary's environment, as `loader`). A probe that
+    timed out says so in one line (`warn`; by default printed)."""
     if cfg["num_workers"] != "auto":
         return cfg
     record = probe(task.train_data, cfg, seed=seed, collate_fn=task.collate_fn, device=device,
@@ -260,6 +348,9 @@ def settle(cfg: Mapping[str, Any], task: Any, seed: int, device: torch.device, t
                    count=task.count_samples or count_samples)
     if isinstance(summary.get("environment"), dict):
         summary["environment"]["loader"] = record
+    if record["timed_out"]:  # the trainer's `warn` also keeps it with the run's warnings
+        (warn or functools.partial(print, "warning:", flush=True))(
+            f'num_workers = "auto": {record["reason"]}')
     return {**cfg, **record["chosen"]}
 
 

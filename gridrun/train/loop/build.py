@@ -128,7 +128,7 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
     summary["metrics"], summary["early_stop_metric"] = metrics, metric
     val_data = val_loader(task.val_data, cfg, seed=seeds["augment"], collate_fn=task.collate_fn,
                           cuda=device.type == "cuda")
-    cfg = loader_probe.settle(cfg, task, seeds["order"], device, total, summary)  # num_workers = "auto"
+    cfg = loader_probe.settle(cfg, task, seeds["order"], device, total, summary, warn)  # "auto"
     if separate:  # what the model draws from here on is the model source's alone
         seed_everything(model_seed(seeds["model"]))
     return Setup(cfg=cfg, seed=run.seed, seeds=seeds, device=device, task=task, model=model,
