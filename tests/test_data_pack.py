@@ -210,10 +210,11 @@ def test_a_failed_pack_leaves_the_old_file_and_no_temporary(tmp_path, fmt):
     out = tmp_path / f"s.{fmt}"
     pack(Samples(4), out)
     before = out.read_bytes()
-    with pytest.raises(RuntimeError, match="sample 5 cannot be made"):
+    with pytest.raises(PackError, match=r"^sample 5 of a Samples raised RuntimeError: sample 5 "
+                                        r"cannot be made$"):
         pack(Samples(8, fail_at=5), out, force=True)
     assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [out.name]
-    with pytest.raises(PackError, match="exists: --force replaces it"):
+    with pytest.raises(PackError, match="exists; add --force to replace it"):
         pack(Samples(4), out)
 
 

@@ -19,6 +19,8 @@ from typing import Any
 FORMAT = "gridrun-packed"
 VERSION = 1  # bumped when a reader of this version cannot read what an older writer wrote
 FILES, SAMPLES = "files", "samples"
+STRUCTURES = ("tuple", "list", "dict", "single")
+FIELD_KINDS = ("tensor", "array", "int", "float", "bool", "bytes")
 
 
 class PackError(ValueError):
@@ -41,6 +43,8 @@ class Index:
     fields: list[dict[str, Any]] = field(default_factory=list)
     created: float = 0.0
     gridrun: str = ""  # the version of gridrun that wrote it
+    # the SHA-256 of the class names as JSON ("" in files packed before it was recorded)
+    class_names_sha256: str = ""
     format: str = FORMAT
     version: int = VERSION
 
@@ -52,10 +56,15 @@ class Index:
         """The index stored in `path`; PackError when it is not one this version reads."""
         try:
             raw = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise PackError(f"{path}: its gridrun index does not parse: not a packed dataset "
                             "(or a damaged one); re-pack it with `gridrun pack SRC -o "
                             f"{path}`") from None
+        try:
+            json.dumps(raw, ensure_ascii=False).encode()
+        except UnicodeEncodeError:  # "\udcff" parses, but prints nowhere
+            raise PackError(f"{path}: its gridrun index holds text that is not UTF-8: a damaged "
+                            "file; re-pack it") from None
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
             raise PackError(f"{path} is not a packed dataset written by `gridrun pack`")
         if raw.get("version") != VERSION:
@@ -66,9 +75,41 @@ class Index:
                 f"`gridrun pack {source} -o {path} --force`")
         known = {f.name for f in fields(cls)}
         try:
-            return cls(**{k: v for k, v in raw.items() if k in known})
+            index = cls(**{k: v for k, v in raw.items() if k in known})
         except TypeError as e:
             raise PackError(f"{path}: its gridrun index lacks a field ({e}): re-pack it") from None
+        wrong = index.problem()
+        if wrong:
+            raise PackError(f"{path}: its gridrun index is damaged ({wrong}): re-pack it "
+                            f"(`gridrun pack SRC -o {path} --force`) or copy it again")
+        return index
+
+    def problem(self) -> str | None:
+        """What in this index cannot be what `pack` wrote (damage), or None."""
+        if self.kind not in (FILES, SAMPLES):
+            return f"kind {self.kind!r}"
+        for name in ("length", "bytes"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                return f"{name} {value!r}"
+        if not all(isinstance(v, str) for v in (self.source, self.source_sha256, self.gridrun,
+                                                self.class_names_sha256)):
+            return "its source, version or hashes are not text"
+        if not isinstance(self.class_names, list) or not all(
+                isinstance(n, str) for n in self.class_names):
+            return "class_names is not a list of names"
+        if self.kind == FILES:
+            return _image_problem(self.image)
+        if self.structure not in STRUCTURES:
+            return f"structure {self.structure!r}"
+        if not isinstance(self.fields, list) or (
+                self.structure == "single" and len(self.fields) != 1):
+            return "fields"
+        for f in self.fields:
+            wrong = _field_problem(f)
+            if wrong:
+                return wrong
+        return None
 
     def describe(self) -> str:
         """'20,000 files in 10 classes, 64x64 RGB PNG' or '512 samples (tuple: float32 ...)'."""
@@ -82,6 +123,39 @@ class Index:
                           + (str(tuple(f["shape"])) if f.get("shape") is not None else "(varies)")
                           for f in self.fields)
         return f"{self.length:,} samples ({self.structure}: {parts})"
+
+
+def _image_problem(image: Any) -> str | None:
+    if image is None:
+        return None
+    if not isinstance(image, dict):
+        return "image is not a table"
+    for key, kind in (("width", int), ("height", int), ("mode", str), ("format", str)):
+        if type(image.get(key)) is not kind:
+            return f"image {key} {image.get(key)!r}"
+    return None
+
+
+def _field_problem(f: Any) -> str | None:
+    """What is wrong with one field of a samples index, or None."""
+    import numpy as np
+
+    if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+        return f"field {f!r}"
+    if f.get("kind") not in FIELD_KINDS:
+        return f"field {f['name']!r} of kind {f.get('kind')!r}"
+    try:
+        dtype = np.dtype(f.get("dtype"))
+    except (TypeError, ValueError, SyntaxError, RecursionError):
+        dtype = None
+    if (not isinstance(f.get("dtype"), str) or dtype is None or dtype.hasobject
+            or dtype.fields is not None or dtype.itemsize == 0):
+        return f"field {f['name']!r} of dtype {f.get('dtype')!r}"
+    shape = f.get("shape")
+    if shape is not None and not (isinstance(shape, list) and len(shape) < 256 and all(
+            type(n) is int and n >= 0 for n in shape)):
+        return f"field {f['name']!r} of shape {shape!r}"
+    return None
 
 
 class ContentHash:

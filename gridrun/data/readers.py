@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 
 from gridrun.data import stores
+from gridrun.data.folder import read_image, scan_folder
 from gridrun.data.index import FILES, Index, PackError
-from gridrun.data.sources import decode_sample, scan_folder
+from gridrun.data.sources import decode_sample
 
 INDEX, LABELS, CRC, NAMES = "index", "labels", "crc32", "names"  # the metadata of a packed file
 # (pid, file, inode, mtime) -> the handle
@@ -82,12 +83,50 @@ def read_index(reader: stores.LmdbReader | stores.Hdf5Reader) -> Index:
 
 def read_array(reader: stores.LmdbReader | stores.Hdf5Reader, name: str, dtype: Any,
                length: int) -> np.ndarray:
-    raw = reader.meta(name)
-    arr = np.frombuffer(raw or b"", dtype=dtype)
-    if len(arr) != length:
-        raise PackError(f"{reader.path}: its {name} hold {len(arr)} entries for {length} records: "
-                        + stores.REPACK.format(path=reader.path))
+    raw = reader.meta(name) or b""
+    size = np.dtype(dtype).itemsize
+    if len(raw) != length * size:
+        raise PackError(f"{reader.path}: its {name} hold {len(raw) / size:g} entries for {length} "
+                        "records: " + stores.REPACK.format(path=reader.path))
+    arr = np.frombuffer(raw, dtype=dtype)
     return arr
+
+
+def read_labels(reader: stores.LmdbReader | stores.Hdf5Reader, index: Index) -> np.ndarray:
+    """The class index of each record of a packed folder, each naming one of its classes."""
+    labels = read_array(reader, LABELS, np.int64, index.length)
+    wrong = (labels < 0) | (labels >= len(index.class_names))
+    if wrong.any():
+        i = int(np.argmax(wrong))
+        raise PackError(f"{reader.path}: record {i} has the label {int(labels[i])}, which names "
+                        f"none of its {len(index.class_names)} classes: "
+                        + stores.REPACK.format(path=reader.path))
+    return labels
+
+
+def read_names(reader: stores.LmdbReader | stores.Hdf5Reader, index: Index) -> list[str]:
+    """The file each record of a packed folder was read from (relative to the folder)."""
+    raw = reader.meta(NAMES)
+    try:
+        names = json.loads(raw) if raw is not None else None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        names = None
+    if not isinstance(names, list) or len(names) != index.length or not all(
+            isinstance(n, str) and _utf8(n) for n in names):
+        what = ("are missing" if raw is None else "do not parse" if names is None
+                else f"hold {len(names)} entries for {index.length} records"
+                if isinstance(names, list) and len(names) != index.length else "are not names")
+        raise PackError(f"{reader.path}: its record names {what}: "
+                        + stores.REPACK.format(path=reader.path))
+    return names
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _checked(i: Any, length: int) -> int:
@@ -106,8 +145,7 @@ class PackedDataset:
         self.path = Path(path)
         reader = shared_reader(self.path)
         self.index = read_index(reader)
-        self.labels = (read_array(reader, LABELS, np.int64, self.index.length)
-                       if self.index.kind == FILES else None)
+        self.labels = read_labels(reader, self.index) if self.index.kind == FILES else None
         self.storage = reader.format  # "lmdb" | "hdf5": what the diagnostics name
         self.class_names = list(self.index.class_names)
         self.classes = self.class_names  # the name torchvision's datasets use
@@ -134,16 +172,16 @@ class PackedDataset:
         data = self.raw(i)
         if self.labels is not None:
             return data, int(self.labels[operator.index(i)])
-        return decode_sample(data, self.index.structure or "single", self.index.fields)
+        return decode_sample(data, self.index.structure or "single", self.index.fields,
+                             f"{self.path} record {i}")
 
     def name(self, i: int) -> str:
         """What record i was packed from: the image file's path in its folder, or "sample i"."""
         if self.index.kind != FILES:
             return f"sample {i}"
         if self._names is None:
-            raw = self.reader().meta(NAMES)
-            self._names = json.loads(raw) if raw else []
-        return self._names[i] if i < len(self._names) else f"record {i}"
+            self._names = read_names(self.reader(), self.index)
+        return self._names[_checked(i, len(self))]
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -177,11 +215,7 @@ class FolderDataset:
         return self._names[i].decode()
 
     def raw(self, i: int) -> bytes:
-        path = self.root / self.name(_checked(i, len(self)))
-        try:
-            return path.read_bytes()
-        except OSError as e:
-            raise PackError(f"{path}: cannot read it ({e.strerror})") from None
+        return read_image(self.root / self.name(_checked(i, len(self))))
 
     def __getitem__(self, i: int) -> tuple[bytes, int]:
         return self.raw(i), int(self.labels[operator.index(i)])

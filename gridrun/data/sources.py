@@ -1,10 +1,10 @@
 """What gets packed: a folder of image files, or the samples of a map-style Dataset.
 
-A folder is the ImageFolder layout: ROOT/CLASS/.../IMAGE, one folder per
-class, classes and files in sorted order. Its records are the files' bytes as
-they are on disk (decoded at read time, by the user's code); packing opens
-each image once to refuse unreadable ones and, unless asked otherwise, images
-of another size or mode than the first.
+A folder is the ImageFolder layout, walked by `folder.scan_folder` (which also
+holds the policy for links, FIFOs, devices and names that are not UTF-8). Its
+records are the files' bytes as they are on disk (decoded at read time, by the
+user's code); packing opens each image once to refuse unreadable ones and,
+unless asked otherwise, images of another size or mode than the first.
 
 A Dataset's sample (a tensor, an array, a number, bytes, or a tuple, list or
 dict of them) becomes one record: a small header with each field's shape,
@@ -16,62 +16,14 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import struct
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gridrun.data.index import PackError
-
-IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff",
-                              ".ppm", ".pgm"})
-
-
-@dataclass(frozen=True)
-class Folder:
-    root: Path
-    class_names: list[str]
-    names: list[str]  # the image files, relative to root, in record order
-    labels: list[int]
-    skipped: list[str]  # files that are not images (by their extension)
-
-
-def scan_folder(root: str | Path) -> Folder:
-    """The images under `root` in the ImageFolder layout, in a fixed order."""
-    root = Path(root)
-    if not root.exists():
-        raise PackError(f"{root}: no such folder")
-    if not root.is_dir():
-        raise PackError(f"{root} is not a folder of images (ROOT/CLASS/IMAGE)")
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not classes:
-        raise PackError(f"{root}: no class folders: expected {root}/CLASS/IMAGE, one folder per "
-                        "class (the ImageFolder layout)")
-    names: list[str] = []
-    labels: list[int] = []
-    skipped: list[str] = []
-    for label, name in enumerate(classes):
-        found = 0
-        for dirpath, dirnames, filenames in os.walk(root / name):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for f in sorted(filenames):
-                if f.startswith("."):
-                    continue
-                rel = Path(dirpath, f).relative_to(root).as_posix()
-                if os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS:
-                    names.append(rel)
-                    labels.append(label)
-                    found += 1
-                else:
-                    skipped.append(rel)
-        if not found:
-            raise PackError(f"{root / name}: a class folder without image files "
-                            f"({' '.join(sorted(IMAGE_EXTENSIONS))})")
-    return Folder(root, classes, names, labels, skipped)
 
 
 def image_facts(where: str | Path, data: bytes) -> dict[str, Any]:
@@ -135,6 +87,17 @@ def _as_array(value: Any, where: str) -> tuple[str, np.ndarray]:
                     "numbers and bytes can, or a tuple, list or dict of them)")
 
 
+def _converted(value: Any, where: str) -> tuple[str, np.ndarray]:
+    try:
+        return _as_array(value, where)
+    except PackError:
+        raise
+    except Exception as e:  # a tensor NumPy cannot take (sparse, on a meta device, ...)
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise PackError(f"{where} cannot be packed ({type(e).__name__}"
+                        f"{': ' + first if first else ''})") from None
+
+
 class SampleCodec:
     """Turns samples into records, learning the structure from the first one;
     every later sample must have the same fields, kinds and dtypes."""
@@ -145,7 +108,7 @@ class SampleCodec:
 
     def encode(self, i: int, sample: Any) -> bytes:
         structure, items = _split(sample)
-        arrays = [(name, *_as_array(v, f"sample {i}, field {name!r}")) for name, v in items]
+        arrays = [(name, *_converted(v, f"sample {i}, field {name!r}")) for name, v in items]
         if self.structure is None:
             self.structure = structure
             self.fields = [{"name": n, "kind": k, "dtype": a.dtype.name, "shape": list(a.shape)}
@@ -166,9 +129,23 @@ class SampleCodec:
         return header + b"".join(a.tobytes() for _, _, a in arrays)
 
 
-def decode_sample(data: bytes, structure: str, fields: list[dict[str, Any]]) -> Any:
-    """A record back into the sample it was: the same structure, types and bits."""
+def decode_sample(data: bytes, structure: str, fields: list[dict[str, Any]],
+                  where: str = "a record") -> Any:
+    """A record back into the sample it was: the same structure, types and bits;
+    PackError naming `where` when the record does not fit its index (damage)."""
+    try:
+        return _decode(data, structure, fields)
+    except PackError:
+        raise
+    except (struct.error, ValueError, TypeError, IndexError, OverflowError, MemoryError) as e:
+        raise PackError(f"{where} does not decode as its index says ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}): a damaged file") from None
+
+
+def _decode(data: bytes, structure: str, fields: list[dict[str, Any]]) -> Any:
     (count,) = struct.unpack_from("<H", data, 0)
+    if count != len(fields):
+        raise ValueError(f"{count} fields where the index has {len(fields)}")
     pos, shapes = 2, []
     for _ in range(count):
         (ndim,) = struct.unpack_from("<B", data, pos)
@@ -178,6 +155,8 @@ def decode_sample(data: bytes, structure: str, fields: list[dict[str, Any]]) -> 
     for f, shape in zip(fields, shapes, strict=True):
         dtype = np.dtype(f["dtype"])
         n = math.prod(shape)
+        if n * dtype.itemsize > len(data) - pos:
+            raise ValueError(f"field {f['name']!r} of shape {tuple(shape)} runs past the record")
         arr = np.frombuffer(data, dtype=dtype, count=n, offset=pos).reshape(shape).copy()
         pos += n * dtype.itemsize
         kind = f["kind"]
@@ -191,6 +170,8 @@ def decode_sample(data: bytes, structure: str, fields: list[dict[str, Any]]) -> 
             values.append(arr.tobytes())
         else:
             values.append(arr)
+    if pos != len(data):
+        raise ValueError(f"{len(data) - pos} bytes left over")
     if structure == "dict":
         return {f["name"]: v for f, v in zip(fields, values, strict=True)}
     if structure == "tuple":
