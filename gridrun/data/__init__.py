@@ -5,7 +5,8 @@
     folder    a source folder (the ImageFolder layout), walked under the policy
               for links, FIFOs, devices and names that are not UTF-8
     sources   what gets packed: the images of a folder, a Dataset's samples
-    stores    the containers: LMDB and HDF5 writers and readers
+    stores    the containers: LMDB and HDF5 readers
+    writers   the LMDB (its map sized from the source, grown) and HDF5 writers
     pack      `pack` (atomic: temporary file, fsync, rename) and `check`
     readers   `PackedDataset` (opens its handle lazily in each process, again
               after a fork), `FolderDataset`, `open_records`
