@@ -10,6 +10,15 @@ from torch.utils.data import TensorDataset
 from gridrun import Task
 
 
+def cross_entropy(model, batch):
+    return F.cross_entropy(model(batch[0]), batch[1])
+
+
+def summed_cross_entropy(model, batch):
+    logits = model(batch[0])
+    return {"loss": (F.cross_entropy(logits, batch[1], reduction="sum"), batch[1].numel())}
+
+
 class Branchy(nn.Module):
     """Takes a different path depending on the values of its input: torch.jit.trace
     freezes the path its example took, torch.export refuses to guess."""
@@ -33,15 +42,9 @@ def branchy(n: int = 300) -> Task:
     x[:3] = -5.0
     y = (x[:, 0] > 0).long()
 
-    def loss(model, batch):
-        return F.cross_entropy(model(batch[0]), batch[1])
-
-    def evaluate(model, batch):
-        logits = model(batch[0])
-        return {"loss": (F.cross_entropy(logits, batch[1], reduction="sum"), batch[1].numel())}
-
     data = TensorDataset(x, y)
-    return Task(model=Branchy(), train_data=data, val_data=data, loss=loss, evaluate=evaluate,
+    return Task(model=Branchy(), train_data=data, val_data=data, loss=cross_entropy,
+                evaluate=summed_cross_entropy,
                 metrics={"loss": "lower"})
 
 
@@ -60,16 +63,8 @@ def unexportable(n: int = 64) -> Task:
     y = (raw[:, 0] > raw[:, 1]).long()
     prep = PerBatchScale()
     data = TensorDataset(torch.stack([prep(r[None])[0] for r in raw]), y)
-
-    def loss(model, batch):
-        return F.cross_entropy(model(batch[0]), batch[1])
-
-    def evaluate(model, batch):
-        logits = model(batch[0])
-        return {"loss": (F.cross_entropy(logits, batch[1], reduction="sum"), batch[1].numel())}
-
-    return Task(model=nn.Linear(2, 2), train_data=data, val_data=data, loss=loss,
-                evaluate=evaluate, metrics={"loss": "lower"}, preprocess=prep,
+    return Task(model=nn.Linear(2, 2), train_data=data, val_data=data, loss=cross_entropy,
+                evaluate=summed_cross_entropy, metrics={"loss": "lower"}, preprocess=prep,
                 raw_val_data=TensorDataset(raw, y))
 
 
@@ -115,14 +110,8 @@ def sqrt_head(n: int = 64) -> Task:
     x = torch.rand(n, 2, generator=g) * 1.75 + 0.25
     y = (x[:, 0] > x[:, 1]).long() + (x.sum(1) > 2.2).long()
 
-    def loss(model, batch):
-        return F.cross_entropy(model(batch[0]), batch[1])
-
-    def evaluate(model, batch):
-        logits = model(batch[0])
-        return {"loss": (F.cross_entropy(logits, batch[1], reduction="sum"), batch[1].numel())}
-
     data = TensorDataset(x, y)
-    return Task(model=SqrtHead(), train_data=data, val_data=data, loss=loss, evaluate=evaluate,
+    return Task(model=SqrtHead(), train_data=data, val_data=data, loss=cross_entropy,
+                evaluate=summed_cross_entropy,
                 metrics={"loss": "lower"}, class_names=("low", "mid", "high"),
                 input_info={"x": InputInfo(range=(-4.0, 4.0), note="a point")})
