@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from gridrun.checks.verify import verify
 from gridrun.cli import app
 from gridrun.runs import states
-from gridrun.train import loader_probe
+from gridrun.train import loader_probe, remedies
 from gridrun.train.loop.trainer import train
 
 CFG = {"batch_size": 16, "num_workers": "auto", "pin_memory": "auto", "prefetch_factor": 2,
@@ -139,10 +139,10 @@ def test_an_input_bound_run_names_the_remedy_with_numbers(tmp_path, virtual_slee
     assert 'num_workers = "auto"' in found["text"] and "gridrun tune-loader" in found["text"]
     assert found["text"] in logged
     # a dataset that reads one file per sample is told to pack
-    told = loader_probe.input_bound({"num_workers": 2}, FileLike(), {}, 6.0, 10.0, 1000)
+    told = remedies.input_bound({"num_workers": 2}, FileLike(), {}, 6.0, 10.0, 1000)
     assert "more workers: 2 delivered 50 samples/s each; about 5 would keep up" in told["text"]
     assert "gridrun pack DIR -o DIR.lmdb" in told["text"]
-    assert loader_probe.input_bound({"num_workers": 2}, FileLike(), {}, 2.0, 10.0, 1000) is None
+    assert remedies.input_bound({"num_workers": 2}, FileLike(), {}, 2.0, 10.0, 1000) is None
 
 
 def test_tune_loader_prints_what_auto_would_choose(tmp_path):

@@ -10,13 +10,13 @@ from helper_tasks import SlowData
 from torch.utils.data import ConcatDataset, Subset, TensorDataset
 
 from gridrun.tasks.spirals import spirals
-from gridrun.train import loader_probe
+from gridrun.train import remedies
 
 TENSORS = TensorDataset(torch.zeros(100, 2), torch.zeros(100, dtype=torch.long))
 
 
 def advice(dataset, workers: int = 0) -> str:
-    told = loader_probe.input_bound({"num_workers": workers}, dataset, {}, 6.0, 10.0, 1000)
+    told = remedies.input_bound({"num_workers": workers}, dataset, {}, 6.0, 10.0, 1000)
     assert told is not None
     return told["text"]
 
@@ -37,7 +37,7 @@ def test_with_workers_tensors_in_memory_are_told_fewer_workers_may_help():
 
 
 def test_the_record_says_the_data_is_in_memory():
-    told = loader_probe.input_bound({"num_workers": 0}, TENSORS, {}, 6.0, 10.0, 1000)
+    told = remedies.input_bound({"num_workers": 0}, TENSORS, {}, 6.0, 10.0, 1000)
     assert told["storage"] == "memory"
 
 

@@ -11,6 +11,7 @@
     threads      the CPU threads a run computes with: resolved, set, restored
     environment  the software and hardware a run ran on
     loader_probe num_workers = "auto": the loader timed, a setting chosen
+    remedies     what an input-bound run should change, with its numbers
     diverge      where a NaN was born: a deterministic replay to the first bad op
     worker       the entry point a backend runs in a child process
 

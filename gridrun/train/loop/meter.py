@@ -15,9 +15,9 @@ from typing import Any
 
 from gridrun.runs import records
 from gridrun.runs.runlog import MetricsWriter
-from gridrun.train.loader_probe import input_bound
 from gridrun.train.loop.build import Setup
 from gridrun.train.loop.state import TrainState, read_pending
+from gridrun.train.remedies import input_bound
 
 
 class Meter:
