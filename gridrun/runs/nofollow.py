@@ -50,12 +50,13 @@ def _refused(path: Path, dir_fd: int, error: OSError, *, folder: bool) -> BaseEx
     return UnsafePath(found) if found else error
 
 
-def open_fd(path: str | os.PathLike, *, folders: int = 2) -> int:
-    """A descriptor of `path` for reading: its last `folders` folders (a run folder and
-    its experiment folder) and the file itself opened without following a link."""
-    path = Path(os.path.abspath(path))
+def open_folder(folder: str | os.PathLike, *, folders: int = 2) -> int:
+    """A descriptor of `folder` itself: it and the `folders - 1` folders above it (a run
+    folder and its experiment folder) opened without following a link, from the one
+    above them (the root, which may be a link)."""
+    folder = Path(os.path.abspath(folder))
     dirs: list[Path] = []
-    top = path.parent
+    top = folder
     while len(dirs) < folders and top.parent != top:
         dirs.insert(0, top)
         top = top.parent
@@ -68,6 +69,19 @@ def open_fd(path: str | os.PathLike, *, folders: int = 2) -> int:
                 raise _refused(d, fd, e, folder=True) from None
             os.close(fd)
             fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_fd(path: str | os.PathLike, *, folders: int = 2) -> int:
+    """A descriptor of `path` for reading: its last `folders` folders (a run folder and
+    its experiment folder) and the file itself opened without following a link."""
+    path = Path(os.path.abspath(path))
+    fd = open_folder(path.parent, folders=folders) if folders else \
+        os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
         try:
             file_fd = os.open(path.name, _FILE, dir_fd=fd)
         except OSError as e:

@@ -209,32 +209,13 @@ def read_summary(path: str | os.PathLike) -> Summary | None:
         return None
 
 
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _run_folder_fd(run_dir: str | os.PathLike) -> int:
-    """A descriptor of ROOT/EXPERIMENT/RUN: the experiment and run folders opened
-    without following a link (the root itself may be one), as nofollow.py reads."""
-    folder = Path(os.path.abspath(run_dir))
-    fd = os.open(folder.parent.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for name in (folder.parent.name, folder.name):
-            inner = os.open(name, _DIR, dir_fd=fd)
-            os.close(fd)
-            fd = inner
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def write_summary(run_dir: str | os.PathLike, summary: Mapping[str, Any]) -> None:
     """RUN_DIR/summary.json, atomically and never through a link: a new temporary file
     (O_EXCL, 0600) in the run folder opened by descriptor, fsynced, renamed over
     summary.json (a link there is replaced, not written through), the folder fsynced.
     On any failure summary.json is as it was and no temporary file is left."""
     data = json.dumps(dict(summary), indent=1, allow_nan=False, default=str).encode()
-    dir_fd = _run_folder_fd(run_dir)
+    dir_fd = nofollow.open_folder(run_dir)  # the run and experiment folders: no link
     try:
         tmp = f".{layout.SUMMARY}.{secrets.token_hex(4)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,

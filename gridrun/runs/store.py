@@ -117,9 +117,8 @@ class Store(SearchTables, Database):
         return prefix if prefix in found else found[0]
 
     def changes_since(self, seq: int = 0, *, experiment: str | None = None) -> tuple[list[Run], int]:
-        """Runs (of one experiment, if given) written after `seq`, and the seq to
-        pass next time. The first read (seq 0) comes in queue order: priority,
-        then first in, then file order."""
+        """Runs (of one experiment, if given) written after `seq`, and the seq to pass next
+        time. The first read (seq 0) comes in queue order: priority, first in, file order."""
         order = "seq" if seq else "priority DESC, queued_at, rowid"
         where, args = ("seq > ? AND experiment = ?", (seq, experiment)) if experiment is not None \
             else ("seq > ?", (seq,))
@@ -240,9 +239,13 @@ class Store(SearchTables, Database):
                 db, run_id, [states.RUNNING], status=status, slot=None, pid=None,
                 pid_start_time=None, **fields)
 
+    _foreground_looked = 0.0  # monotonic: readers look at most once a second (the TUI's tick)
+
     def end_gone_foreground(self) -> None:
-        """Every reader's look (list_runs, changes_since) at foreground runs: one whose
-        `gridrun train` was killed outright goes back to the queue (store_rows.end_gone)."""
+        """list_runs' and changes_since's look at foreground runs: a killed one is queued."""
+        if (now := time.monotonic()) - self._foreground_looked < 1.0:
+            return
+        self._foreground_looked = now
         with self._lock:
             rows = [] if self.view is not None else self._db.execute(
                 "SELECT * FROM runs WHERE status = ? AND slot = ?",
