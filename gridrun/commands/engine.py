@@ -240,13 +240,15 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
         st = daemon.status(root, store=store)
         counts, paused = store.counts(), store.paused
         cap = store.get_state("cpu_cap") if st.running else None  # scheduler.CPU_CAP
+        short = store.get_state("slots_wait") if st.running else None  # scheduler.SLOTS_WAIT
     cap = cap if isinstance(cap, dict) and counts.get("queued") else None
+    short = short if isinstance(short, dict) and counts.get("queued") else None
     if as_json:
         typer.echo(json.dumps({"running": st.running, "starting": st.starting, "pid": st.pid,
                                "responding": st.responding, "heartbeat_age": st.heartbeat_age,
                                "waiting_for_space": st.waiting_for_space, "free_bytes": st.free_bytes,
                                "state": st.state, "paused": paused, "counts": counts,
-                               "log": str(st.log), "cpu_cap": cap}))
+                               "log": str(st.log), "cpu_cap": cap, "slots_wait": short}))
         return
     state = "not running" if not st.running else (
         f"starting its backend (pid {st.pid})" if st.starting else f"running (pid {st.pid})")
@@ -263,6 +265,10 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
         from gridrun.engine.backends.slots import thread_cap_note
 
         typer.echo(thread_cap_note(cap))
+    if short is not None:  # the first queued run needs more slots at once than are free
+        from gridrun.engine.placement import slots_wait_note
+
+        typer.echo(slots_wait_note(short))
 
 
 def waiting_text(st) -> str:

@@ -1,7 +1,7 @@
 """How a run's end becomes its state: completed, cancelled, interrupted (back to
-the queue), its process dead (resumed, failed after MAX_RESTARTS), out of
-memory (retried once with half the micro-batch), diverged or failed (retried
-`max_retries` times with backoff). The scheduler's half that reads a run's
+the queue), its process dead, or a rank of it (states.EXIT_RANK_DIED; resumed, failed
+after MAX_RESTARTS), out of memory (retried once with half the micro-batch), diverged
+or failed (retried `max_retries` times with backoff). The scheduler's half that reads a run's
 summary and exit code; launching and intents stay in scheduler.py.
 """
 
@@ -115,7 +115,8 @@ class Endings:
         if code == EXIT_ALREADY_RUNNING:
             handle = self.backend.reattach(run_id, run_dir, None, None, act.slot if act else None)
             if handle is not None:
-                self.active[run_id] = Active(run_id, handle, act.slot if act else None, time.time())
+                self.active[run_id] = Active(run_id, handle, act.slot if act else None, time.time(),
+                                             threads=act.threads if act else 0)
                 self.store.transition(run_id, states.RUNNING, states.RUNNING, pid=handle.pid,
                                       pid_start_time=handle.start_time, note="adopted a running process")
                 return
@@ -144,7 +145,8 @@ class Endings:
         elif status == states.INTERRUPTED or (status is None and self.stopping):
             self._requeue(run, "interrupted: returned to the queue; resumes from its checkpoint")
         elif status is None:
-            why = "its process died" + (f" (signal {-code})" if code is not None and code < 0 else "")
+            why = "a rank of the run died" if code == states.EXIT_RANK_DIED else \
+                "its process died" + (f" (signal {-code})" if code is not None and code < 0 else "")
             if run.restarts + 1 > MAX_RESTARTS:
                 self._end(run, states.FAILED, note=why, error=why + f" {run.restarts + 1} times\n\n"
                           + output_tail(run_dir), **common)

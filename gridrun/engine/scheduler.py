@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gridrun.engine.backends.base import Backend, Exited, Slot
-from gridrun.engine.backends.slots import fits
+from gridrun.engine import placement
+from gridrun.engine.backends.base import Backend, Exited, Refused, Slot
 from gridrun.engine.diskspace import DiskSpace
 from gridrun.engine.endings import Active, Endings, folder_id
 from gridrun.engine.search import Searches
@@ -33,6 +33,7 @@ log = logging.getLogger("gridrun.engine")
 HEARTBEAT = "engine_heartbeat"  # store state: {"pid", "t"}, written every HEARTBEAT_EVERY s
 HEARTBEAT_EVERY = 1.0
 CPU_CAP = "cpu_cap"  # store state: why CPU runs wait with slots free (threads), or None
+SLOTS_WAIT = "slots_wait"  # store state: the first run waits for more free slots (devices), or None
 FOREGROUND_EVERY = 2.0  # how often the engine looks whether foreground runs' processes live
 
 
@@ -49,7 +50,7 @@ class Engine(Endings):
         # (`thread_budget = False`: every free slot, as before; the benchmark's baseline)
         self.thread_budget = thread_budget
         self.cores = cores or run_threads.usable_cores()
-        self._cap: Any = ...  # what CPU_CAP says (... until first written: clears a stale one)
+        self._said: dict[str, Any] = {}  # what CPU_CAP, SLOTS_WAIT say (absent: clear a stale one)
         self.store = store or Store(root)
         self.backend, self.slots, self.telemetry = backend, slots, telemetry
         self.tick, self.backoff = tick, backoff
@@ -92,7 +93,8 @@ class Engine(Endings):
             if until_idle and not self.stopping and self.idle():
                 log.info("nothing queued or running: stopping (--until-idle)")
                 self.request_stop()
-        self._say_cap(None)
+        self._say(CPU_CAP, None)
+        self._say(SLOTS_WAIT, None)
         self.backend.close()
 
     def request_stop(self) -> None:
@@ -203,7 +205,7 @@ class Engine(Endings):
         for run in self.store.list_runs(status=states.RUNNING):
             if run.slot == FOREGROUND:  # alive: list_runs returned the gone ones to the queue
                 continue
-            slot = self._free_slot(prefer=run.slot)
+            slot = placement.recovered(self.slots, self._used(), run.slot, self.slots_wanted(run))
             try:
                 handle = self.backend.reattach(run.id, run.run_dir(self.root), run.pid,
                                                run.pid_start_time, slot)
@@ -244,10 +246,9 @@ class Engine(Endings):
                 raise
             log.warning("could not look at foreground runs: %s", e)
 
-    def _free_slot(self, prefer: str | None = None) -> Slot | None:
-        used = {a.slot.name for a in self.active.values() if a.slot}
-        free = [s for s in self.slots if s.name not in used]
-        return next((s for s in free if s.name == prefer), free[0] if free else None)
+    def _used(self) -> set[str]:
+        """The plain slots active runs hold (each member of a gang)."""
+        return {p.name for a in self.active.values() if a.slot for p in a.slot.parts}
 
     # ---- intents ----------------------------------------------------------------
 
@@ -271,72 +272,92 @@ class Engine(Endings):
 
     # ---- launching --------------------------------------------------------------
 
+    def slots_wanted(self, run: Run) -> int:
+        """The slots `run` takes at once: its `devices` on this machine's slots (the local
+        backend); one where a slot is a job or a task (SLURM's job asks for the devices)."""
+        if getattr(self.backend, "name", "") != "local":
+            return 1
+        try:
+            return max(1, int(((run.config or {}).get("trainer") or {}).get("devices", 1)))
+        except (TypeError, ValueError):
+            return 1
+
     def cpu_threads(self, run: Run, slot: Slot | None) -> int:
         """The CPU threads `run` holds on `slot`: its resolved `threads` on a CPU slot
-        of this machine (the local backend), else 0 (a GPU slot, a cluster's node)."""
+        of this machine (the local backend), once per member of a gang, else 0 (a GPU
+        slot, a cluster's node)."""
         if not self.thread_budget or slot is None or slot.gpu is not None \
                 or getattr(self.backend, "name", "") != "local":
             return 0
         trainer = (run.config or {}).get("trainer") or {}
         try:
-            return run_threads.resolve(trainer.get("threads", run_threads.AUTO), gpu=False,
+            each = run_threads.resolve(trainer.get("threads", run_threads.AUTO), gpu=False,
                                        cores=self.cores)
         except (TypeError, ValueError):
-            return self.cores
+            each = self.cores
+        return each * len(slot.parts)
 
-    def _say_cap(self, cap: dict[str, Any] | None) -> None:
-        """Keep CPU_CAP current for `engine status` (written only when it changes)."""
-        if cap == self._cap:
+    def _say(self, key: str, value: dict[str, Any] | None) -> None:
+        """Keep CPU_CAP and SLOTS_WAIT current for `engine status` (written when they change)."""
+        if key in self._said and self._said[key] == value:
             return
-        if cap is not None and not isinstance(self._cap, dict):
-            log.info("threads cap CPU runs: %s needs %d threads, %d of %d usable cores are taken",
-                     cap["run_id"], cap["threads"], cap["holding"], cap["cores"])
-        self._cap = cap
+        if value is not None and not isinstance(self._said.get(key), dict):
+            if key == CPU_CAP:
+                log.info("threads cap CPU runs: %s needs %d threads, %d of %d usable cores "
+                         "are taken", value["run_id"], value["threads"], value["holding"],
+                         value["cores"])
+            else:
+                log.info("%s waits for %d free %s (%d free); later runs wait behind it",
+                         value["run_id"], value["devices"], value["unit"], value["free"])
+        self._said[key] = value
         with contextlib.suppress(Exception):  # a busy store is no reason to stop
-            self.store.set_state(CPU_CAP, cap)
+            self.store.set_state(key, value)
 
     def launch_ready(self) -> None:
+        """Start what the placement gives (engine/placement.py: queue order, gangs of slots
+        for runs on several devices, the threads budget), fail what can never start."""
         if self.store.paused:
             return
-        free = self._free_slots()
-        if not free:
-            self._say_cap(None)
-            return
-        if self.space.short_of_space() and self.store.next_queued(1):
+        used = self._used()
+        free = [s for s in self.slots if s.name not in used]
+        if free and self.space.short_of_space() and self.store.next_queued(1):
             self.space.enter("too little space left to start a run")
             return
-        cap = None
-        for run in self.store.next_queued(len(free)):
+        queue = self.store.next_queued(max(1, len(free)))
+        wants = [placement.Want(r.id, self.slots_wanted(r),
+                                self.cpu_threads(r, free[0]) if free else 0) for r in queue]
+        plan = placement.plan(wants, self.slots, used, [a.threads for a in self.active.values()],
+                              self.cores)
+        runs = {r.id: r for r in queue}
+        for run_id, why in plan.refused:
+            log.error("%s can never start here: %s", run_id, why)
+            self.store.transition(run_id, states.QUEUED, states.FAILED, ended_at=time.time(),
+                                  slot=None, error=why, note=why)
+        for run_id, slot in plan.starts:
             if self.space.waiting:
                 return
-            slot = free[0]
-            need = self.cpu_threads(run, slot)
-            holding = [a.threads for a in self.active.values()]
-            if need and not fits(holding, need, self.cores):
-                # in queue order: a run that does not fit is not overtaken by later ones
-                cap = {"run_id": run.id, "threads": need, "holding": sum(holding),
-                       "cores": self.cores, "cpu_slots": len(self.slots)}
-                break
-            try:
-                # never through a symlink, never into someone else's folder (layout.py)
-                run_dir = layout.make_run_dir(self.root, run.experiment, run.id)
-                # a process from an engine killed mid-launch may still run it: adopt, never double
-                handle = self.backend.reattach(run.id, run_dir, None, None, slot)
-            except Exception as e:
-                self._not_started(run, states.QUEUED, e)
-                if self.space.waiting:
-                    return
-                continue  # the slot stays free for the next run
-            free.pop(0)
-            if handle is not None:
-                if self.store.transition(run.id, states.QUEUED, states.RUNNING, slot=slot.name,
-                                         pid=handle.pid, pid_start_time=handle.start_time,
-                                         started_at=time.time(), note="adopted a running process"):
-                    self.active[run.id] = Active(run.id, handle, slot, time.time(),
-                                                 folder=folder_id(run_dir), threads=need)
-                continue
-            self._launch(run, run_dir, slot, need)
-        self._say_cap(cap)
+            self._start(runs[run_id], slot)  # one that fails leaves its slots to the next step
+        self._say(CPU_CAP, plan.cap)
+        self._say(SLOTS_WAIT, plan.short)
+
+    def _start(self, run: Run, slot: Slot) -> None:
+        need = self.cpu_threads(run, slot)
+        try:
+            # never through a symlink, never into someone else's folder (layout.py)
+            run_dir = layout.make_run_dir(self.root, run.experiment, run.id)
+            # a process from an engine killed mid-launch may still run it: adopt, never double
+            handle = self.backend.reattach(run.id, run_dir, None, None, slot)
+        except Exception as e:
+            self._not_started(run, states.QUEUED, e)
+            return
+        if handle is not None:
+            if self.store.transition(run.id, states.QUEUED, states.RUNNING, slot=slot.name,
+                                     pid=handle.pid, pid_start_time=handle.start_time,
+                                     started_at=time.time(), note="adopted a running process"):
+                self.active[run.id] = Active(run.id, handle, slot, time.time(),
+                                             folder=folder_id(run_dir), threads=need)
+            return
+        self._launch(run, run_dir, slot, need)
 
     def _not_started(self, run: Run, expected: str, e: Exception) -> None:
         """One run that could not be prepared or launched fails with the reason; the
@@ -349,7 +370,7 @@ class Engine(Endings):
                                   pid_start_time=None, started_at=None,
                                   note="waits for disk space: its folder could not be written")
             return
-        if isinstance(e, layout.UnsafePath):
+        if isinstance(e, (layout.UnsafePath, Refused)):
             why = str(e)
         elif isinstance(e, OSError) and e.strerror:
             why = f"its folder {run.run_dir(self.root)} could not be made or used: {e.strerror}"
@@ -358,10 +379,6 @@ class Engine(Endings):
         log.error("could not start %s: %s", run.id, why)
         self.store.transition(run.id, expected, states.FAILED, ended_at=time.time(), slot=None,
                               error=f"could not start: {why}", note="could not start")
-
-    def _free_slots(self) -> list[Slot]:
-        used = {a.slot.name for a in self.active.values() if a.slot}
-        return [s for s in self.slots if s.name not in used]
 
     def _launch(self, run: Run, run_dir: Path, slot: Slot, threads: int = 0) -> None:
         now = time.time()

@@ -24,6 +24,9 @@ EXIT_CODES = {COMPLETED: 0, FAILED: 1, DIVERGED: 3, OOM: 4, INTERRUPTED: 5, WAIT
 # Interrupted because a write of its own failed for want of space: the run is paused
 # (back to the queue, resumed from its last good checkpoint) and the engine waits for space.
 EXIT_NO_SPACE = 6
+# A multi-device run one of whose ranks died (train/ranks.py): like a process that died,
+# it goes back to the queue and resumes from its last checkpoint.
+EXIT_RANK_DIED = 8
 STATUS_OF_EXIT = {**{code: status for status, code in EXIT_CODES.items()},
                   EXIT_NO_SPACE: INTERRUPTED}
 

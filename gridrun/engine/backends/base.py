@@ -11,6 +11,7 @@ writes them into the same folder, so readers cannot tell the difference.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,18 +23,41 @@ EXIT_ALREADY_RUNNING = 75
 
 @dataclass(frozen=True)
 class Slot:
-    """Where one run executes: a GPU (`gpu` is its index) or a CPU slot."""
+    """Where one run executes: a GPU (`gpu` is its index) or a CPU slot; or, for a run on
+    `devices` > 1, a gang (`gang`): one slot standing for its members, all held at once."""
 
-    name: str  # "cpu0", "gpu1", or "gpu1.0", "gpu1.1" with several runs per GPU
-    gpu: int | None = None
+    name: str  # "cpu0", "gpu1", or "gpu1.0", "gpu1.1" with several runs per GPU; "gpu0+gpu1"
+    gpu: int | None = None  # a gang's: its first member's
     device: str | None = None  # a GPU-/MIG- UUID the engine inherited, passed on as it is
+    members: tuple[Slot, ...] = ()  # a gang's slots, each a plain slot
+
+    @property
+    def parts(self) -> tuple[Slot, ...]:
+        """The plain slots this one holds: its members, or itself."""
+        return self.members or (self,)
 
     @property
     def cuda_visible_devices(self) -> str:
         # empty, not unset: an unset variable would let the run see every GPU
         if self.gpu is None:
             return ""
+        if self.members:  # rank r of the run uses cuda:r
+            return ",".join(m.cuda_visible_devices for m in self.members)
         return self.device or str(self.gpu)
+
+
+def gang(slots: Sequence[Slot]) -> Slot:
+    """One slot for a run on several: launched once on it, named after its members
+    ("cpu0+cpu1", a name the store keeps and a restarted engine reads back), and its
+    CUDA_VISIBLE_DEVICES lists every member's GPU ("0,1"). One slot stays itself."""
+    if len(slots) == 1:
+        return slots[0]
+    return Slot("+".join(s.name for s in slots), slots[0].gpu, members=tuple(slots))
+
+
+class Refused(Exception):
+    """A backend can never run this run (Ray and a run on several devices): the run fails
+    with this one line instead of a launch."""
 
 
 @dataclass(frozen=True)

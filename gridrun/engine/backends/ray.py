@@ -3,8 +3,9 @@
 Decisions (issue 7):
 
 - Each run is one Ray task asking for `num_cpus=1` and `num_gpus=1/runs_per_gpu`
-  (0 on a cluster without GPUs). The engine submits a run only onto a free
-  slot, and the slots are the cluster's capacity (`slots()`: GPUs times
+  (0 on a cluster without GPUs); a run on `devices` > 1 fails at its launch with
+  one line (`base.Refused`: one process per run here). The engine submits a run
+  only onto a free slot, and the slots are the cluster's capacity (`slots()`: GPUs times
   runs_per_gpu, or CPUs), so nothing waits inside Ray's queue: the order,
   priorities, pause and retries stay in gridrun and stay reorderable.
   The slot list is refreshed from the alive nodes as `poll` runs, so nodes
@@ -50,8 +51,16 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.engine.backends import child
-from gridrun.engine.backends.base import EXIT_ALREADY_RUNNING, Backend, Exited, Handle, Slot
+from gridrun.engine.backends.base import (
+    EXIT_ALREADY_RUNNING,
+    Backend,
+    Exited,
+    Handle,
+    Refused,
+    Slot,
+)
 from gridrun.runs import layout, runlog, states
+from gridrun.spec import read_run_config
 
 try:
     import ray
@@ -287,6 +296,10 @@ class RayBackend(Backend):
     # ---- runs ---------------------------------------------------------------------
 
     def launch(self, run_id: str, run_dir: Path, slot: Slot, *, fresh: bool = False) -> Handle:
+        devices = read_run_config(Path(run_dir) / layout.CONFIG).trainer.get("devices", 1)
+        if devices > 1:  # `plan` refuses it with a Ray [engine]; queued with another one, here
+            raise Refused(f"devices = {devices}: the Ray backend runs one process per run; use "
+                          "backend = \"local\" or \"slurm\" for multi-device runs")
         opts = {"num_gpus": 1 / self.runs_per_gpu} if self._gpu else {}
         gen = self._submit("run", str(Path(run_dir).resolve()), fresh, **opts)
         task = _Task(gen, launched_at=time.monotonic())

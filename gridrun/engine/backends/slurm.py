@@ -9,7 +9,9 @@ Decisions (issue 16):
   and stay reorderable; nothing waits in SLURM's queue that gridrun could
   still reorder, beyond those.
 - Each run is a job asking for `gpus_per_run` GPUs (as GRES), `cpus_per_run`
-  CPUs and the table's other keys; `runs_per_job = N` puts up to N runs
+  CPUs and the table's other keys; a run on `devices` > 1 is one job of its own,
+  never packed, with that many GPUs (or `devices` x its threads CPUs), whose ranks
+  its own process starts (`job_size`); `runs_per_job = N` puts up to N runs
   launched together into one job, which runs them one after another through
   a warm fork server (slurm_job.py): the job's start-up is paid once. A pack
   is submitted when full, or PACK_WAIT after its first run came.
@@ -44,12 +46,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shlex
 import shutil
-import subprocess
-import sys
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ from typing import Any
 from gridrun.engine.backends import slurm_job
 from gridrun.engine.backends.base import Backend, Exited, Handle, Slot
 from gridrun.runs import layout, states
+from gridrun.spec import read_run_config
 
 try:
     import submitit
@@ -71,7 +72,6 @@ STATE_EVERY = 2.0  # seconds between sacct calls
 PACK_WAIT = 1.0  # seconds an unfilled pack waits for more runs
 FORCE_AFTER = 10.0  # seconds after the grace before a cancelled run's job is scancel'ed
 SIGNAL_BEFORE = 120  # seconds before a time limit the job is told to checkpoint (--signal)
-PROBE_WAIT = 60.0  # seconds the shared-root probe may wait for a node
 SETTLE = 5.0  # seconds a job seen ended is given for its STATUS file to appear here
 LIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "COMPLETING",
         "CONFIGURING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "UNKNOWN"}
@@ -82,6 +82,21 @@ SACCT_GRACE = 120.0  # seconds a job may be unknown to sacct before squeue is as
 
 class SlurmUnavailable(RuntimeError):
     pass
+
+
+def job_size(config: Any, trainer: Mapping[str, Any]) -> tuple[int, int]:
+    """The GPUs and CPUs a run's job asks for: `gpus_per_run` and `cpus_per_run`; for a run
+    on `devices` > 1 (its own process starts its ranks inside the job) one GPU a device,
+    each with `cpus_per_run` CPUs, or without GPUs `devices` times its threads."""
+    devices = max(1, int(trainer.get("devices", 1)))
+    gpus, cpus = int(config.gpus_per_run), int(config.cpus_per_run)
+    if devices == 1:
+        return gpus, cpus
+    if gpus:
+        return devices, devices * cpus
+    threads = trainer.get("threads")  # "auto": the job's CPUs decide, cpus_per_run each
+    fixed = isinstance(threads, int) and not isinstance(threads, bool) and threads > 0
+    return 0, devices * (threads if fixed else cpus)
 
 
 def require_slurm() -> None:
@@ -142,7 +157,8 @@ class SlurmBackend(Backend):
     def slots(self) -> list[Slot]:
         return self._slots
 
-    def executor(self, *, gpus: int | None = None, time_limit: str | None = None) -> Any:
+    def executor(self, *, gpus: int | None = None, cpus: int | None = None,
+                 time_limit: str | None = None) -> Any:
         c = self.config
         gpus = c.gpus_per_run if gpus is None else gpus
         ex = submitit.SlurmExecutor(folder=self.folder / "%j")
@@ -150,7 +166,8 @@ class SlurmBackend(Backend):
                                     ("account", c.account), ("qos", c.qos),
                                     ("constraint", c.constraint)) if v}
         ex.update_parameters(
-            job_name="gridrun", time=time_limit or c.time, cpus_per_task=c.cpus_per_run,
+            job_name="gridrun", time=time_limit or c.time,
+            cpus_per_task=c.cpus_per_run if cpus is None else cpus,
             gres=f"gpu:{gpus}" if gpus else None, signal_delay_s=SIGNAL_BEFORE,
             additional_parameters={**sbatch, **dict(c.slurm_args)})
         return ex
@@ -171,42 +188,7 @@ class SlurmBackend(Backend):
                 if v not in (None, "") and k != "signal"]
 
     def check_root_shared(self) -> None:
-        """A tiny job on a node reads a file written here and writes one back next to
-        it. A plain `sbatch --wrap`, not submitit: submitit's own files live under the
-        root, and a node that cannot see them makes its job wait a minute for them."""
-        probe = self.root / f".gridrun-probe-{uuid.uuid4().hex[:12]}"
-        token = uuid.uuid4().hex
-        probe.write_text(token)
-        command = (f"{shlex.quote(sys.executable)} -m gridrun.engine.backends.slurm_job "
-                   f"--probe {shlex.quote(str(probe))}")
-        try:
-            out = subprocess.run(["sbatch", "--parsable", "--job-name=gridrun-check", "--time=5",
-                                  "--output=/dev/null", "--ntasks=1", *self.sbatch_options(),
-                                  "--wrap", command], capture_output=True, text=True, timeout=60)
-            if out.returncode:
-                log.warning("could not check that the runs root is shared: sbatch refused the "
-                            "check's job: %s", _one_line(RuntimeError(out.stderr)))
-                return
-            job_id = out.stdout.strip().split(";")[0]
-            deadline = time.monotonic() + PROBE_WAIT
-            while not list(self.root.glob(probe.name + ".*")) and _in_queue(job_id):
-                if time.monotonic() > deadline:
-                    subprocess.run(["scancel", job_id], capture_output=True)
-                    log.warning("could not check that the runs root is shared: the check's "
-                                "job %s did not run within %.0f s", job_id, PROBE_WAIT)
-                    return
-                time.sleep(0.2)
-            back = list(self.root.glob(probe.name + ".*"))
-            if not back or back[0].read_text() != token:
-                node = _sacct(job_id, "NodeList") or "?"
-                raise RuntimeError(
-                    f"the runs root {self.root} is not shared with the SLURM node {node}: the "
-                    f"check's job {job_id} could not read a file written here or write one "
-                    "back; put the root (--root) on a filesystem every node mounts at the same "
-                    "path")
-        finally:
-            for p in self.root.glob(probe.name + "*"):
-                p.unlink(missing_ok=True)
+        slurm_job.check_root_shared(self.root, self.sbatch_options())
 
     # ---- runs -----------------------------------------------------------------------
 
@@ -218,7 +200,10 @@ class SlurmBackend(Backend):
         for name in (slurm_job.STATUS, slurm_job.STOP):
             (run_dir / name).unlink(missing_ok=True)
         slurm_job.write(run_dir, slurm_job.TICKET, {"token": ref.token})
-        if max(1, int(self.config.runs_per_job)) == 1:
+        trainer = read_run_config(run_dir / layout.CONFIG).trainer
+        if trainer.get("devices", 1) > 1:  # a job of its own, never packed: its ranks share it
+            self._submit([ref], *job_size(self.config, trainer))
+        elif max(1, int(self.config.runs_per_job)) == 1:
             self._submit([ref])  # raises: a refused submission fails this launch with sbatch's words
         else:
             self.pack.append(ref)  # submitted by poll, full or after PACK_WAIT
@@ -242,13 +227,13 @@ class SlurmBackend(Backend):
             return ended
         return []
 
-    def _submit(self, pack: list[_Ref]) -> None:
+    def _submit(self, pack: list[_Ref], gpus: int | None = None, cpus: int | None = None) -> None:
         entries = [{"run_dir": str(r.run_dir), "token": r.token, "fresh": r.fresh} for r in pack]
         try:
             with submitit.helpers.clean_env():  # an engine inside a job must not pass its SLURM_*
-                job = self.executor().submit(slurm_job.run_pack, entries)
+                job = self.executor(gpus=gpus, cpus=cpus).submit(slurm_job.run_pack, entries)
         except Exception as e:
-            raise RuntimeError(f"sbatch refused the job: {_one_line(e)}") from None
+            raise RuntimeError(f"sbatch refused the job: {slurm_job.one_line(e)}") from None
         finally:
             # submitit leaves a symlink to the sbatch file it moved into the job's folder;
             # nothing in the root is a symlink (layout.py, and doctor says so)
@@ -350,7 +335,7 @@ class SlurmBackend(Backend):
             if state == "UNKNOWN" and now - ref.launched_at > SACCT_GRACE:
                 # sacct still does not know the job (accounting lagging or down): squeue
                 # does while it is pending or running; a job neither knows is gone
-                state = _squeue_state(ref.job_id) or "VANISHED"
+                state = slurm_job.squeue_state(ref.job_id) or "VANISHED"
             node = info.get("NodeList")
             node = None if not node or node.startswith("None") else node
             if state != ref.state or (node and node != ref.node):
@@ -424,25 +409,3 @@ class SlurmBackend(Backend):
         self.refs.clear()
         self.jobs.clear()
         self.pack.clear()
-
-
-def _squeue_state(job_id: str) -> str:
-    """The job's state as squeue says it ("PENDING", "RUNNING", ...), "" if it does not list it."""
-    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
-    return out.stdout.strip().upper() if out.returncode == 0 else ""
-
-
-def _in_queue(job_id: str) -> bool:
-    """Whether squeue still lists the job (pending, running or completing)."""
-    return bool(_squeue_state(job_id))
-
-
-def _sacct(job_id: str, field_name: str) -> str:
-    out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", field_name],
-                         capture_output=True, text=True)
-    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
-
-
-def _one_line(e: Exception) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return "; ".join(lines) or type(e).__name__

@@ -22,6 +22,9 @@ the pack not yet started are left with code 5 too; gridrun requeues them and
 they resume. The children ignore USR2 (set before they are started and
 inherited): its default action would kill them without a checkpoint.
 
+Also both halves of the engine's check that the runs root is shared with the nodes
+(`check_root_shared` submits a tiny job that runs `probe`), and the squeue/sacct calls.
+
 Importable without submitit, torch or the scheduler.
 """
 
@@ -29,12 +32,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +52,9 @@ STOP = ".gridrun-slurm-stop"
 INTERRUPTED = 5  # states.EXIT_CODES["interrupted"], without importing more into the job
 WATCH_EVERY = 0.2  # seconds between looks at the run, the stop file and signals
 LOCK_WAIT = 120.0  # how long a run waits for an earlier process of it to let go
+PROBE_WAIT = 60.0  # seconds the shared-root check may wait for a node
+
+log = logging.getLogger("gridrun.engine")
 
 
 def read(run_dir: str | os.PathLike, name: str) -> dict[str, Any]:
@@ -180,6 +189,65 @@ def _signal(pid: int, sig: int) -> None:
             os.kill(pid, sig)
     except PermissionError:
         pass
+
+
+# ---- the shared-root check ---------------------------------------------------------
+
+
+def check_root_shared(root: Path, sbatch_options: list[str]) -> None:
+    """A tiny job on a node reads a file written here and writes one back next to
+    it. A plain `sbatch --wrap`, not submitit: submitit's own files live under the
+    root, and a node that cannot see them makes its job wait a minute for them."""
+    probe_file = root / f".gridrun-probe-{uuid.uuid4().hex[:12]}"
+    token = uuid.uuid4().hex
+    probe_file.write_text(token)
+    command = (f"{shlex.quote(sys.executable)} -m gridrun.engine.backends.slurm_job "
+               f"--probe {shlex.quote(str(probe_file))}")
+    try:
+        out = subprocess.run(["sbatch", "--parsable", "--job-name=gridrun-check", "--time=5",
+                              "--output=/dev/null", "--ntasks=1", *sbatch_options,
+                              "--wrap", command], capture_output=True, text=True, timeout=60)
+        if out.returncode:
+            log.warning("could not check that the runs root is shared: sbatch refused the "
+                        "check's job: %s", one_line(RuntimeError(out.stderr)))
+            return
+        job_id = out.stdout.strip().split(";")[0]
+        deadline = time.monotonic() + PROBE_WAIT
+        while not list(root.glob(probe_file.name + ".*")) and squeue_state(job_id):
+            if time.monotonic() > deadline:
+                subprocess.run(["scancel", job_id], capture_output=True)
+                log.warning("could not check that the runs root is shared: the check's "
+                            "job %s did not run within %.0f s", job_id, PROBE_WAIT)
+                return
+            time.sleep(0.2)
+        back = list(root.glob(probe_file.name + ".*"))
+        if not back or back[0].read_text() != token:
+            node = sacct(job_id, "NodeList") or "?"
+            raise RuntimeError(
+                f"the runs root {root} is not shared with the SLURM node {node}: the "
+                f"check's job {job_id} could not read a file written here or write one "
+                "back; put the root (--root) on a filesystem every node mounts at the same "
+                "path")
+    finally:
+        for p in root.glob(probe_file.name + "*"):
+            p.unlink(missing_ok=True)
+
+
+def squeue_state(job_id: str) -> str:
+    """The job's state as squeue says it ("PENDING", "RUNNING", ...), "" if it does not list it."""
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+    return out.stdout.strip().upper() if out.returncode == 0 else ""
+
+
+def sacct(job_id: str, field_name: str) -> str:
+    out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", field_name],
+                         capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+
+
+def one_line(e: Exception) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return "; ".join(lines) or type(e).__name__
 
 
 def probe(path: str) -> str:

@@ -1,0 +1,138 @@
+"""Which queued runs start now, and on which slots: a pure function of the queue (in
+its order), the engine's slots, those in use and the CPU threads held; the scheduler
+carries the plan out.
+
+- A run on `devices` = n takes n slots at once (a gang: `base.gang`), on n distinct
+  GPUs (with runs_per_gpu > 1, gpu0.0 and gpu0.1 are one GPU), and is launched once
+  on the one slot that stands for them; on CPU slots it holds n times its threads
+  against the usable cores (`slots.fits`).
+- Queue order is kept: the first run that cannot start now (too few free slots, or
+  its threads do not fit) holds every later one back, and the slots that free up are
+  kept for it.
+- A run that can never start on these slots (more devices than slots, or than
+  distinct GPUs) holds nothing back: it is refused with one line saying what to do.
+
+Where a slot is a job or a task (SLURM, Ray) the scheduler asks for one slot a run:
+the job asks SLURM for the run's devices, and Ray refuses them (`base.Refused`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gridrun.engine.backends.base import Slot, gang
+from gridrun.engine.backends.slots import fits
+
+
+@dataclass(frozen=True)
+class Want:
+    """What one queued run asks for."""
+
+    run_id: str
+    devices: int = 1  # slots it takes at once
+    threads: int = 0  # CPU threads each of its processes holds against the cores (0: none)
+
+
+@dataclass
+class Plan:
+    starts: list[tuple[str, Slot]] = field(default_factory=list)  # in queue order
+    refused: list[tuple[str, str]] = field(default_factory=list)  # run id, the line it fails with
+    cap: dict[str, Any] | None = None  # the first run's threads do not fit (scheduler.CPU_CAP)
+    short: dict[str, Any] | None = None  # too few free slots for the first run (SLOTS_WAIT)
+
+
+def gpu_of(slot: Slot) -> Any:
+    """Which GPU a plain slot is on (None on a CPU slot): runs_per_gpu slots share one."""
+    return None if slot.gpu is None else (slot.device or slot.gpu)
+
+
+def never(devices: int, slots: Sequence[Slot]) -> str | None:
+    """Why a run on `devices` can never start on `slots` (one line: what to do), or None."""
+    if devices <= 1:
+        return None
+    gpus = list(dict.fromkeys(g for s in slots if (g := gpu_of(s)) is not None))
+    if gpus and devices > len(gpus):
+        shared = f", {len(slots)} slots" if len(slots) > len(gpus) else ""
+        return (f"devices = {devices} needs {devices} distinct GPUs and this engine has "
+                f"{len(gpus)} (GPUs {', '.join(map(str, gpus))}{shared}): lower devices or give "
+                "the engine more GPUs ([engine] gpus)")
+    if not gpus and devices > len(slots):
+        return (f"devices = {devices} needs {devices} slots and this engine has {len(slots)} "
+                f"(cpu_slots = {len(slots)}): lower devices or raise cpu_slots")
+    return None
+
+
+def pick(free: Sequence[Slot], devices: int) -> list[Slot] | None:
+    """`devices` of the free slots, in slot order, each on a GPU of its own; None if too few."""
+    chosen: list[Slot] = []
+    gpus = set()
+    for slot in free:
+        gpu = gpu_of(slot)
+        if gpu is not None and gpu in gpus:
+            continue
+        gpus.add(gpu)
+        chosen.append(slot)
+        if len(chosen) == devices:
+            return chosen
+    return None
+
+
+def free_units(free: Sequence[Slot]) -> int:
+    """How many devices the free slots offer at once: slots, or distinct GPUs."""
+    gpus = {gpu_of(s) for s in free}
+    return len(free) if gpus <= {None} else len(gpus - {None})
+
+
+def plan(queue: Iterable[Want], slots: Sequence[Slot], used: Iterable[str],
+         holding: Iterable[int], cores: int) -> Plan:
+    """The runs of `queue` (in queue order) that start now on the free slots, those
+    refused for good, and why the first one left waits (its slots or its threads)."""
+    used = set(used)
+    free = [s for s in slots if s.name not in used]
+    holding = list(holding)
+    out = Plan()
+    for want in queue:
+        why = never(want.devices, slots)
+        if why:
+            out.refused.append((want.run_id, why))
+            continue
+        chosen = pick(free, want.devices)
+        if chosen is None:
+            if free:  # slots are free, but not enough for it: they are kept for it
+                gpus = any(gpu_of(s) is not None for s in slots)
+                out.short = {"run_id": want.run_id, "devices": want.devices,
+                             "free": free_units(free), "unit": "GPUs" if gpus else "slots"}
+            break
+        need = want.devices * want.threads
+        if need and not fits(holding, need, cores):
+            out.cap = {"run_id": want.run_id, "threads": need, "holding": sum(holding),
+                       "cores": cores, "cpu_slots": len(slots)}
+            break
+        out.starts.append((want.run_id, gang(chosen)))
+        free = [s for s in free if s not in chosen]
+        holding.append(need)
+    return out
+
+
+def recovered(slots: Sequence[Slot], used: Iterable[str], stored: str | None,
+              devices: int) -> Slot | None:
+    """The slot a run adopted after an engine restart holds: the one the store names
+    ("gpu0+gpu1") when all of it is free, else what `pick` gives, else as many free slots
+    as there are (its process runs anyway: every slot it holds is counted), else None."""
+    used = set(used)
+    free = {s.name: s for s in slots if s.name not in used}
+    names = (stored or "").split("+")
+    if len(names) == devices and all(n in free for n in names):
+        return gang([free[n] for n in names])
+    chosen = pick(list(free.values()), devices) or list(free.values())[:devices]
+    return gang(chosen) if chosen else None
+
+
+def slots_wait_note(wait: Mapping[str, Any]) -> str:
+    """`engine status`'s line for a queue held for its first run's devices (the
+    scheduler's SLOTS_WAIT state: run id, devices, free slots or GPUs)."""
+    n, unit = wait.get("devices"), wait.get("unit", "slots")
+    return (f"slots: waiting for {n} free {unit} for {wait.get('run_id')} (devices = {n}): "
+            f"{wait.get('free')} free; the runs queued after it wait too")
