@@ -26,6 +26,8 @@ MAX_BATCH = 2**24
 MAX_ACCUMULATE = 2**16
 MAX_STEPS = 2**40  # any count of steps (max_steps, warmup, log_every, ...) and a run's total
 MAX_SEED = 2**63  # seeds are integers in [0, MAX_SEED)
+MAX_DEVICES = 1024
+REDUCE_DEFAULT = "ddp"  # one device: the plain loop, the bits of every run before `devices`
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,11 @@ def in_run_id(trainer: Any) -> dict[str, Any]:
             del out[k]
     if out.get("drop_last", True) is True:
         out.pop("drop_last", None)
+    # one device, or the invariant sum: the device count changes nothing (train/loop/combine.py)
+    if out.get("reduce", REDUCE_DEFAULT) == REDUCE_DEFAULT:
+        out.pop("reduce", None)
+    if out.get("devices", 1) == 1 or out.get("reduce") == "invariant":
+        out.pop("devices", None)
     return out
 
 
@@ -84,6 +91,12 @@ TRAINER_KEYS: dict[str, Key] = {k.name: k for k in [
         "fp16 uses a GradScaler", choices=("auto", "fp32", "bf16", "fp16")),
     Key("accumulate", "integer", 1, "micro-batches per optimizer step (the loss is divided by it)",
         min=1, max=MAX_ACCUMULATE),
+    Key("devices", "integer", 1, "devices one run trains on, one process each (GPUs, or CPU "
+        "processes of `threads` threads); it must divide accumulate", min=1, max=MAX_DEVICES),
+    Key("reduce", "string", REDUCE_DEFAULT, "how several devices sum a step's gradients: ddp "
+        "(DistributedDataParallel: bits change with the device count) or invariant (the same "
+        "bits for every device count; devices is then left out of the run id)",
+        choices=("ddp", "invariant")),
     Key("clip_grad", "float", 0.0, "clip the global gradient norm to this (0: off)", min=0),
     Key("eval_every", "integer", 0, "evaluate every this many steps (0: at each epoch end)", min=0,
         max=MAX_STEPS),

@@ -124,10 +124,39 @@ def _engine(c: Checker, data: dict[str, Any]) -> EngineConfig | None:
     return engine_config(data["engine"], c) if "engine" in data else None
 
 
-def _expand_all(c: Checker, experiments: list[ExperimentSpec]) -> list[RunSpec]:
+def _devices_line(c: Checker, exp: str) -> int | None:
+    """Where an experiment's `devices` is set: its own table, its grid, zip or defaults."""
+    for path in (("experiments", exp, "devices"), ("experiments", exp, "grid", "devices"),
+                 ("experiments", exp, "zip", "devices"), ("defaults", "devices")):
+        if path in c.lines.lines:
+            return c.lines.lines[path]
+    return c.lines.find("experiments", exp)
+
+
+def _check_devices(c: Checker, exp: str, runs: list[RunSpec], engine: EngineConfig | None) -> None:
+    """A world size deals a step's micro-batches to its ranks: it must divide them."""
+    for run in runs:
+        devices, accumulate = run.trainer.get("devices", 1), run.trainer.get("accumulate", 1)
+        if devices > 1 and engine is not None and engine.backend == "ray":
+            c.add(f"devices = {devices}: the Ray backend runs one process per run; use backend "
+                  "= \"local\" or \"slurm\" for multi-device runs", experiment=exp, key="devices",
+                  line=_devices_line(c, exp))
+            return
+        if accumulate % devices:
+            fits = [d for d in range(1, accumulate + 1) if accumulate % d == 0]
+            cell = run.variant or "baseline"
+            c.add(f"devices = {devices} does not divide accumulate = {accumulate} ({cell}): each device takes an equal share of a step's micro-batches; "
+                  f"use devices in {fits} or accumulate a multiple of {devices}",
+                  experiment=exp, key="devices", line=_devices_line(c, exp))
+            return
+
+
+def _expand_all(c: Checker, experiments: list[ExperimentSpec],
+                engine: EngineConfig | None = None) -> list[RunSpec]:
     runs = []
     for exp in experiments:
         exp_runs = expand(exp)
+        _check_devices(c, exp.name, exp_runs, engine)
         seen: dict[str, RunSpec] = {}
         for run in exp_runs:
             if run.id in seen:
@@ -156,7 +185,7 @@ def load(path: str | Path, *, force: bool = False, cap: int = DEFAULT_CAP) -> Lo
     check_size(c, {exp.name: count_runs(exp) for exp in experiments}, cap=cap, force=force)
     if c.problems:
         raise SpecError(c.problems)
-    runs = _expand_all(c, experiments)
+    runs = _expand_all(c, experiments, engine)
     if c.problems:
         raise SpecError(c.problems)
     return Loaded(runs, engine)

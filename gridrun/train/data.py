@@ -45,6 +45,16 @@ class BatchKeys(Sampler[tuple[int, list[int]]]):
         self.augment_seed = seed if augment_seed is None else augment_seed
         self.batches = size // batch_size if drop_last else -(-size // batch_size)
         self.epoch, self.start = 0, 0
+        self.rank, self.ranks, self.group = 0, 1, 1  # every batch: one device
+
+    def deal(self, rank: int, ranks: int, group: int) -> None:
+        """Keep rank `rank`'s share of each `group` consecutive batches (of `ranks` equal,
+        consecutive shares): a step's micro-batches (group = accumulate), or the
+        validation batches one by one (group = ranks: batch b goes to rank b mod ranks)."""
+        self.rank, self.ranks, self.group = rank, ranks, group
+
+    def mine(self, b: int) -> bool:
+        return self.ranks == 1 or (b % self.group) // (self.group // self.ranks) == self.rank
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         self.epoch, self.start = epoch, start
@@ -57,10 +67,13 @@ class BatchKeys(Sampler[tuple[int, list[int]]]):
             order = list(range(self.size))
         bs = self.batch_size
         for b in range(self.start, self.batches):
-            yield stream_seed(self.augment_seed, self.epoch, b), order[b * bs:(b + 1) * bs]
+            if self.mine(b):
+                yield stream_seed(self.augment_seed, self.epoch, b), order[b * bs:(b + 1) * bs]
 
     def __len__(self) -> int:
-        return max(self.batches - self.start, 0)
+        if self.ranks == 1:
+            return max(self.batches - self.start, 0)
+        return sum(1 for b in range(self.start, self.batches) if self.mine(b))
 
 
 class SeededBatches(Dataset):

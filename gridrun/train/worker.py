@@ -7,6 +7,7 @@ SIGTERM or SIGINT asks the loop to checkpoint at the next step boundary.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -99,6 +100,31 @@ def paused_for_space(summary: dict[str, Any]) -> str | None:
             + "; it resumes from its last good checkpoint once there is space")
 
 
+def ranks_leave(world: Any) -> None:
+    from gridrun.train import world as ranks_world
+
+    ranks_world.leave(world)
+
+
+def start_ranks(run: Any, run_dir: Path, devices: int, *, fresh: bool) -> tuple[Any, Any]:
+    """Ranks 1..devices-1 started, and this process joined to them as rank 0."""
+    from gridrun.train import environment, ranks
+    from gridrun.train.world import World, collective_failed, join
+
+    gang = ranks.Gang(run_dir, devices, fresh=fresh)
+    cuda = environment.pick_device().type == "cuda"
+    try:
+        world = join(0, devices, run.trainer.get("reduce", "ddp"), gang.rendezvous, cuda)
+    except Exception as exc:
+        gang.kill()
+        collective_failed(World(size=devices), exc)
+    others = ", ".join(f"{r} (pid {p.pid})" for r, p in gang.children.items())
+    print(f"{devices} devices ({'nccl' if cuda else 'gloo'}, reduce = "
+          f"{run.trainer.get('reduce', 'ddp')}): rank 0 is this process, ranks {others}",
+          flush=True)
+    return gang, world
+
+
 def main(run_dir: str | Path, *, fresh: bool = False) -> int:
     # before anything touches CUDA: the allocator reads it when CUDA starts
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOC_CONF)
@@ -119,8 +145,15 @@ def main(run_dir: str | Path, *, fresh: bool = False) -> int:
         stop.set()
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    gang = world = None
     try:
-        summary = train(run, run_dir, fresh=fresh, should_stop=stop.is_set)
+        if (devices := run.trainer.get("devices", 1)) > 1:  # rank 0 starts the others
+            gang, world = start_ranks(run, run_dir, devices, fresh=fresh)
+        summary = train(run, run_dir, fresh=fresh, should_stop=stop.is_set,
+                        **({"world": world} if world is not None else {}))
+        if gang is not None:
+            gang.finish()
+            ranks_leave(world)
         if summary["status"] == states.DIVERGED and not stop.is_set():
             # SIGTERM meanwhile ends the replay (a cancel must not wait for it)
             summary["divergence"] = replay_divergence(run, run_dir, summary, stop.is_set)
@@ -146,9 +179,46 @@ def main(run_dir: str | Path, *, fresh: bool = False) -> int:
     return states.EXIT_CODES[written.status]
 
 
+def _die_with_parent() -> None:
+    import ctypes
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def rank_main(run_dir: str, rank: int, size: int, rendezvous: str, *, fresh: bool) -> int:
+    """A rank other than 0 (train/ranks.py starts it): the same loop, nothing written;
+    rank 0 decides when to stop, and its death is this process's."""
+    _die_with_parent()
+    if os.getppid() == 1:  # rank 0 died before the line above
+        return states.EXIT_RANK_DIED
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # a stop reaches every rank through rank 0's step
+    from gridrun.train import environment
+    from gridrun.train.loop.trainer import train
+    from gridrun.train.world import join, leave
+
+    run = read_config(Path(run_dir))
+    cuda = environment.pick_device().type == "cuda"
+    place = join(rank, size, run.trainer.get("reduce", "ddp"), Path(rendezvous), cuda)
+    try:
+        summary = train(run, run_dir, fresh=fresh, world=place, log=lambda s: None)
+    finally:
+        leave(place)
+    if summary.get("status") == states.FAILED and summary.get("error"):
+        print(f"rank {rank}: {summary['error']}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+USAGE = "usage: python -m gridrun.train.worker RUN_DIR [--fresh] [--rank R --of N --rendezvous FILE]"
+
 if __name__ == "__main__":
+    fresh = "--fresh" in sys.argv[1:]
     args = [a for a in sys.argv[1:] if a != "--fresh"]
+    if len(args) == 7 and args[1::2] == ["--rank", "--of", "--rendezvous"]:
+        sys.exit(rank_main(args[0], int(args[2]), int(args[4]), args[6], fresh=fresh))
     if len(args) != 1:
-        print("usage: python -m gridrun.train.worker RUN_DIR [--fresh]", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         sys.exit(2)
-    sys.exit(main(args[0], fresh="--fresh" in sys.argv[1:]))
+    sys.exit(main(args[0], fresh=fresh))

@@ -27,6 +27,7 @@ from gridrun.train.diagnostics import Diagnostics, model_facts
 from gridrun.train.loop.probe import Probe
 from gridrun.train.optim import build_optimizer
 from gridrun.train.seeding import model_seed, seed_everything, set_determinism
+from gridrun.train.world import SINGLE, World
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -60,10 +61,16 @@ class Setup:
     metrics: Mapping[str, str]  # every metric a val line records: evaluate's, then derived
     metric: str  # the early-stop metric
     direction: str  # records.LOWER or records.HIGHER: which way `metric` improves
+    world: World = SINGLE  # this process's rank among the run's devices
 
     @property
     def accumulate(self) -> int:
         return self.cfg["accumulate"]
+
+    @property
+    def local_accumulate(self) -> int:
+        """The micro-batches of a step this rank trains."""
+        return self.cfg["accumulate"] // self.world.size
 
     @property
     def batches_per_epoch(self) -> int:
@@ -72,11 +79,14 @@ class Setup:
 
 
 def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Probe,
-          warn: Callable[[str], None]) -> Setup:
+          warn: Callable[[str], None], world: World = SINGLE) -> Setup:
     """Seed, then build `run` on `device`; `probe` sees the model before anything wraps it."""
     cfg = run.trainer
-    # before anything computes: the run's own thread count decides its CPU bits
-    threads.apply(threads.resolve(cfg.get("threads", threads.AUTO), gpu=device.type == "cuda"))
+    # before anything computes: the run's own thread count decides its CPU bits; "auto"
+    # on several CPU devices shares the usable cores between their processes
+    cores = max(1, threads.usable_cores() // world.size) if world.size > 1 else None
+    threads.apply(threads.resolve(cfg.get("threads", threads.AUTO), gpu=device.type == "cuda",
+                                  cores=cores))
     summary["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     if device.type == "cpu" and environment.gpus_given() is not None:  # only as stand-ins
         warn(f"CUDA_VISIBLE_DEVICES={environment.gpus_given()} are stand-ins "
@@ -104,6 +114,11 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     optimizer = build_optimizer(model.parameters(), cfg)
     step_model = levers.compiled(model, cfg)
+    if world.size > 1 and not world.invariant:  # "ddp": PyTorch's own sum over the ranks
+        from torch.nn.parallel import DistributedDataParallel
+
+        step_model = DistributedDataParallel(
+            step_model, device_ids=[device.index] if device.type == "cuda" else None)
     diagnostics = Diagnostics(model, device, cfg["clip_grad"])
     accumulate, batch_size = cfg["accumulate"], cfg["batch_size"]
     batches = len(task.train_data) // batch_size if cfg.get("drop_last", True) else (
@@ -128,6 +143,7 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
     summary["metrics"], summary["early_stop_metric"] = metrics, metric
     val_data = val_loader(task.val_data, cfg, seed=seeds["augment"], collate_fn=task.collate_fn,
                           cuda=device.type == "cuda")
+    val_data.sampler.deal(world.rank, world.size, world.size)
     cfg = loader_probe.settle(cfg, task, seeds["order"], device, total, summary, warn)  # "auto"
     if separate:  # what the model draws from here on is the model source's alone
         seed_everything(model_seed(seeds["model"]))
@@ -136,7 +152,7 @@ def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Pr
                  precision=precision, diagnostics=diagnostics, val_data=val_data,
                  count_samples=task.count_samples or count_samples,
                  steps_per_epoch=steps_per_epoch, total=total, metrics=metrics, metric=metric,
-                 direction=metrics[metric])
+                 direction=metrics[metric], world=world)
 
 
 def randomness_of(run: RunSpec, summary: dict[str, Any]) -> tuple[dict[str, int], bool, list[str]]:
@@ -149,7 +165,10 @@ def randomness_of(run: RunSpec, summary: dict[str, Any]) -> tuple[dict[str, int]
 
 
 def training_loader(setup: Setup) -> DataLoader:
-    """The run's one training loader; `step.micro_batches` points it at each epoch."""
-    return train_loader(setup.task.train_data, setup.cfg, seed=setup.seeds["order"],
-                        augment_seed=setup.seeds["augment"], collate_fn=setup.task.collate_fn,
-                        cuda=setup.device.type == "cuda")
+    """The run's one training loader (this rank's share of each step's micro-batches);
+    `step.micro_batches` points it at each epoch."""
+    loader = train_loader(setup.task.train_data, setup.cfg, seed=setup.seeds["order"],
+                          augment_seed=setup.seeds["augment"], collate_fn=setup.task.collate_fn,
+                          cuda=setup.device.type == "cuda")
+    loader.sampler.deal(setup.world.rank, setup.world.size, setup.accumulate)
+    return loader

@@ -36,9 +36,11 @@ class Meter:
         self.interval_start = time.perf_counter()
 
     def count(self, batch: Any) -> None:
-        self.samples += self.setup.count_samples(batch)
+        # several devices: the others train as many (whole) batches at once
+        ranks = self.setup.world.size
+        self.samples += self.setup.count_samples(batch) * ranks
         if self.counts_tokens:
-            self.tokens += self.counts_tokens(batch)
+            self.tokens += self.counts_tokens(batch) * ranks
 
     def due(self, state: TrainState) -> bool:
         """Whether the step about to be taken is a log point: every `log_every`

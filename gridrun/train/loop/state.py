@@ -99,12 +99,16 @@ def resume(setup: Setup, run_dir: Path, writer: MetricsWriter, *, fresh: bool,
            summary: dict[str, Any], warn: Callable[[str], None],
            log: Callable[[str], None]) -> TrainState:
     """The state to train from: the last usable checkpoint's, loaded into the setup's
-    model, optimizer, scaler and the RNGs; else step 0 and a new metrics log."""
+    model, optimizer, scaler and the RNGs; else step 0 and a new metrics log. A rank
+    other than 0 only reads, after rank 0 has cleaned up (the trainer's order)."""
     folder = run_dir / layout.CHECKPOINTS
-    checkpoint.remove_temporaries(folder)  # writes a kill cut short
-    if fresh:
+    leader = setup.world.leader
+    if leader:
+        checkpoint.remove_temporaries(folder)  # writes a kill cut short
+    if fresh and leader:
         checkpoint.discard(folder)
-    saved, problems = checkpoint.load_resumable(folder, setup.device, RESUME_KEYS)
+    saved, problems = (None, []) if fresh and not leader else checkpoint.load_resumable(
+        folder, setup.device, RESUME_KEYS)
     for problem in problems:
         warn(problem)
     if problems and saved is None:
@@ -140,6 +144,8 @@ class Checkpointer:
         self.setup, self.folder, self.writer, self.summary = setup, folder, writer, summary
 
     def save(self, name: str, state: TrainState) -> None:
+        if not self.setup.world.leader:  # every rank holds the same state: rank 0 writes it
+            return
         checkpoint.save(state.checkpoint(self.setup, self.writer.offset(), self.summary),
                         self.folder / name, keep_previous=name == checkpoint.LAST)
 

@@ -8,12 +8,14 @@ Nothing here reads a value back to the host: the losses go to
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import nullcontext
 from typing import Any
 
 from torch.utils.data import DataLoader
 
 from gridrun.train.data import start_epoch
 from gridrun.train.loop.build import Setup
+from gridrun.train.loop.combine import Combiner
 from gridrun.train.loop.probe import Probe
 from gridrun.train.loop.state import TrainState
 from gridrun.train.optim import lr_at
@@ -32,15 +34,31 @@ def micro_batches(loader: DataLoader, setup: Setup, state: TrainState) -> Iterat
                 break
 
 
-def forward_backward(setup: Setup, state: TrainState, batch: Any, probe: Probe) -> None:
+def forward_backward(setup: Setup, state: TrainState, batch: Any, probe: Probe,
+                     combiner: Combiner | None = None) -> None:
     """One micro-batch of the step to come: its loss kept on the device, its
-    gradients added to those of the step's other micro-batches."""
+    gradients added to those of the step's other micro-batches (with a combiner:
+    several devices, or the invariant sum, combine.py: kept apart, its loss too)."""
     probe.before_step(state.step + 1, batch)
-    with setup.autocast:
-        loss = setup.task.loss(setup.step_model, batch)
-    state.pending.append(loss.detach())
-    accumulate = setup.accumulate
-    setup.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
+    if combiner is None:
+        with setup.autocast:
+            loss = setup.task.loss(setup.step_model, batch)
+        state.pending.append(loss.detach())
+        accumulate = setup.accumulate
+        setup.scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
+        return
+    # DDP reduces once a step: after this rank's last micro-batch
+    quiet = setup.world.size > 1 and not setup.world.invariant and not combiner.last_local
+    with setup.step_model.no_sync() if quiet else nullcontext():
+        combiner.before(state.step)
+        with setup.autocast:
+            loss = setup.task.loss(setup.step_model, batch)
+        combiner.after_forward()
+        # invariant: each gradient is the micro-batch's share of the step's mean;
+        # ddp averages over the ranks, so each rank divides by its own share only
+        share = setup.accumulate if setup.world.invariant else setup.local_accumulate
+        setup.scaler.scale(loss / share if share > 1 else loss).backward()
+    combiner.after_backward(loss)
 
 
 def step_once(setup: Setup, state: TrainState, *, measure_norm: bool) -> float:

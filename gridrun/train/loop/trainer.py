@@ -22,17 +22,19 @@ import torch
 
 from gridrun import randomness
 from gridrun.runs import layout, records, states
-from gridrun.runs.runlog import MetricsWriter
+from gridrun.runs.runlog import MetricsWriter, NullWriter
 from gridrun.spec import RunSpec
 from gridrun.train import checkpoint, environment
 from gridrun.train.data import to_device
 from gridrun.train.diagnostics import unused_warning
 from gridrun.train.loop.build import build, resolve_precision, training_loader
+from gridrun.train.loop.combine import Combiner, agree
 from gridrun.train.loop.meter import Meter
 from gridrun.train.loop.probe import Probe
 from gridrun.train.loop.state import RESUME_KEYS, Checkpointer, TrainState, resume
 from gridrun.train.loop.step import forward_backward, micro_batches, step_once
 from gridrun.train.loop.validate import Validator, evaluate
+from gridrun.train.world import SINGLE, World, collective_failed, peer_gone
 
 # the names other modules import from here
 __all__ = ["RESUME_KEYS", "Probe", "evaluate", "failed", "peak_memory", "resolve_precision", "train"]
@@ -51,10 +53,13 @@ def peak_memory(device: torch.device, seen: int = 0) -> int:
 def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
           should_stop: Callable[[], bool] = lambda: False,
           log: Callable[[str], None] = lambda s: print(s, flush=True),
-          probe: Probe | None = None) -> dict[str, Any]:
-    """Train one run to the end (or to a stop request); returns its summary."""
+          probe: Probe | None = None, world: World = SINGLE) -> dict[str, Any]:
+    """Train one run to the end (or to a stop request); returns its summary. With several
+    devices, every rank runs this loop in lock step and rank 0 alone writes."""
     probe = probe or Probe()
     run_dir = Path(run_dir)
+    if world.size == 1:  # one device: still the invariant loop when the run asks for it
+        world = World(reduce=run.trainer.get("reduce", world.reduce))
     started = time.time()
     summary = new_summary(run, started)  # filled in as we go: a run that fails says how far it got
 
@@ -67,12 +72,20 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
     try:
         # ---- seed and build
         device = environment.pick_device()  # a GPU it was given and cannot use: fail, never the CPU
-        setup = build(run, device, summary, probe, warn)
+        if device.type == "cuda" and world.size > 1:
+            device = torch.device("cuda", world.rank)  # rank r: the r-th GPU it was given
+            torch.cuda.set_device(device)
+        setup = build(run, device, summary, probe, warn, world)
 
-        # ---- resume
+        # ---- resume (rank 0 first: it sets damaged files aside, the others then read)
         layout.make_private_dir(run_dir)
-        writer = MetricsWriter(run_dir / layout.METRICS)
+        writer = MetricsWriter(run_dir / layout.METRICS) if world.leader else NullWriter()
+        if not world.leader:
+            agree(world, 0, "the start", device)
         state = resume(setup, run_dir, writer, fresh=fresh, summary=summary, warn=warn, log=log)
+        if world.leader:
+            agree(world, 0, "the start", device)
+        agree(world, state.step, "the step they resume from", device)
         checkpointer = Checkpointer(setup, run_dir / layout.CHECKPOINTS, writer, summary)
         validator = Validator(setup, writer, summary, log, checkpointer)
 
@@ -87,12 +100,18 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         if pause and state.epoch >= pause:  # resumed where it waits: nothing to train yet
             status = waiting(pause, log)
         batches = micro_batches(loader, setup, state) if status != states.WAITING else ()
+        combiner = (Combiner(setup.model, world, setup.accumulate, setup.seeds["model"], device)
+                    if world.size > 1 or world.invariant else None)
+        stop_asked = False
         for micro, batch in enumerate(batches, start=1):
             meter.count(batch)
             forward_backward(setup, state, to_device(batch, device, non_blocking=loader.pin_memory),
-                             probe)
-            if micro % setup.accumulate:
+                             probe, combiner)
+            if micro % setup.local_accumulate:
                 continue
+            if combiner is not None:  # every rank learns the step's losses and any stop asked
+                losses, stop_asked = combiner.finish(should_stop())
+                state.pending.extend(losses)
             if (unused := setup.diagnostics.unused()):
                 summary["unused_parameters"] = unused
                 warn(unused_warning(unused))
@@ -106,7 +125,8 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
             if validator.due(state, epoch_ended):
                 validator.evaluate(state)
                 meter.restart_interval()
-            stopping = should_stop() and state.step < setup.total and not validator.stop
+            asked = stop_asked if combiner is not None else should_stop()
+            stopping = asked and state.step < setup.total and not validator.stop
             # an evaluation gave NaN or Inf: look at the weights now, even with nothing to save
             bad_step = checkpointer.after_step(state, epoch_ended=epoch_ended,
                                                stopping=stopping or validator.stop,
@@ -132,6 +152,8 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         meter.summarize()
         validator.report_early_stop(state)
     except Exception as exc:
+        if world.size > 1 and peer_gone(exc):  # not this run's failure: a rank is gone
+            collective_failed(world, exc)
         record_exception(summary, exc, device, state, run.trainer["detect_anomaly"], log)
     finally:
         randomness.configure(switched_off)

@@ -20,14 +20,18 @@ from gridrun.tasks import Task
 from gridrun.train import checkpoint
 from gridrun.train.data import to_device
 from gridrun.train.loop.build import Setup
+from gridrun.train.loop.combine import gather_rows
 from gridrun.train.loop.state import Checkpointer, TrainState
+from gridrun.train.world import SINGLE, World
 
 
 @torch.inference_mode()
 def evaluate(model: torch.nn.Module, task: Task, loader: Any, device: torch.device,
-             autocast: Any) -> dict[str, float]:
+             autocast: Any, world: World = SINGLE) -> dict[str, float]:
     """The task's validation metrics over the whole validation set, in eval mode,
     then its derived metrics (computed from those, on the host)."""
+    if world.size > 1:
+        return evaluate_sharded(model, task, loader, device, autocast, world)
     was_training = model.training
     model.eval()
     sums: dict[str, Any] = {}
@@ -41,6 +45,32 @@ def evaluate(model: torch.nn.Module, task: Task, loader: Any, device: torch.devi
     model.train(was_training)
     names = list(sums)
     values = torch.stack([sums[k] / counts[k] for k in names]).tolist()  # one sync
+    return task.derive(dict(zip(names, values, strict=True)))
+
+
+@torch.inference_mode()
+def evaluate_sharded(model: torch.nn.Module, task: Task, loader: Any, device: torch.device,
+                     autocast: Any, world: World) -> dict[str, float]:
+    """`evaluate` with the validation batches dealt to the ranks (batch b to rank b mod n):
+    every batch's (sum, count) pairs are gathered and added in batch order, from zero, in
+    float64, as one device adds them: the same values whatever the number of ranks."""
+    was_training = model.training
+    model.eval()
+    names = list(task.metrics)
+    rows = []
+    for batch in loader:
+        with autocast:
+            out = task.evaluate(model, to_device(batch, device, non_blocking=True))
+        rows.append(torch.stack([torch.as_tensor(part, device=device, dtype=torch.float64)
+                                 for name in names for part in out[name]]))
+    model.train(was_training)
+    local = torch.stack(rows) if rows else torch.zeros((0, 2 * len(names)), dtype=torch.float64,
+                                                       device=device)
+    shards = gather_rows(world, local)
+    total = torch.zeros(2 * len(names), dtype=torch.float64, device=device)
+    for b in range(sum(len(s) for s in shards)):
+        total = total + shards[b % world.size][b // world.size]
+    values = (total[0::2] / total[1::2]).tolist()
     return task.derive(dict(zip(names, values, strict=True)))
 
 
@@ -64,7 +94,8 @@ class Validator:
     def evaluate(self, state: TrainState) -> None:
         """Evaluate, log, keep best.pt; sets `stop` when early stopping says so."""
         setup, best = self.setup, state.best
-        values = evaluate(setup.model, setup.task, setup.val_data, setup.device, setup.autocast)
+        values = evaluate(setup.model, setup.task, setup.val_data, setup.device, setup.autocast,
+                          setup.world)
         self.writer.write(records.val_line(time.time(), state.step, state.epoch, values))
         self.summary["final"] = values
         self.log(f"eval  step {state.step:>6}  "

@@ -1,0 +1,227 @@
+"""One run on several devices (issue 38), proven on the CPU with gloo: under
+`reduce = "invariant"` the same bits for 1, 2 and 4 devices; under ddp the same bits
+between repeats; a dead rank ends the run at once and the engine resumes it exactly;
+an invariant run moves from 2 devices to 1 mid-run and ends where it would have.
+
+The task is the user's, in their own folder: shapes' data (augmented) and CNN (with
+BatchNorm), with a Dropout added, so every kind of randomness a step draws is there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from test_engine_kit import drain, engine_for, make_run, metrics_without_timing, prepare, wait_for
+
+from gridrun.runs import layout, runlog, states
+from gridrun.runs.store import Store
+from gridrun.spec import SpecError, load_runs, write_run_config
+
+USER_TASK = '''\
+"""shapes' data and CNN, with a Dropout before the classifier."""
+from torch import nn
+
+from gridrun.tasks.shapes import shapes
+
+
+def make(p: float = 0.3, train_size: int = 256, val_size: int = 100, step_sleep: float = 0.0):
+    import time
+
+    task = shapes(train_size=train_size, val_size=val_size)
+    layers = list(task.model)
+    task.model = nn.Sequential(*layers[:-1], nn.Dropout(p), layers[-1])
+    if step_sleep:
+        loss = task.loss
+
+        def slow_loss(model, batch):
+            time.sleep(step_sleep)
+            return loss(model, batch)
+
+        task.loss = slow_loss
+    return task
+'''
+# wall-clock and machine fields of a metrics line: the rest must be equal
+MACHINE = {"rss", "step_time"}
+
+
+@pytest.fixture
+def lab(tmp_path, monkeypatch):
+    """The user's folder: their task package, the working directory of every process."""
+    (tmp_path / "userlab").mkdir()
+    (tmp_path / "userlab" / "__init__.py").write_text("")
+    (tmp_path / "userlab" / "dropcnn.py").write_text(USER_TASK)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def cell(reduce: str, devices: int, experiment: str = "e", step_sleep: float = 0.0, **trainer):
+    args = {"p": 0.3, "train_size": 256, "val_size": 100, "step_sleep": step_sleep}
+    return make_run("userlab.dropcnn:make", experiment=experiment, task_args=args,
+                    **{"epochs": 2, "batch_size": 16, "accumulate": 4, "threads": 1,
+                       "log_every": 2, "reduce": reduce, "devices": devices, **trainer})
+
+
+def lines(root: Path, run) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in MACHINE}
+            for r in metrics_without_timing(root, run)]
+
+
+def summary(root: Path, run) -> dict:
+    return json.loads((layout.run_dir(root, run.experiment, run.id) / layout.SUMMARY).read_text())
+
+
+def worker(run_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "gridrun.train.worker", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def trained(root: Path, run) -> tuple[int, str]:
+    proc = worker(prepare(root, run))
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    return proc.returncode, out
+
+
+def steps_logged(root: Path, run) -> int:
+    path = layout.run_dir(root, run.experiment, run.id) / layout.METRICS
+    return max((r.get("step", 0) for r in runlog.read_all(path) if r.get("split") == "train"),
+               default=0)
+
+
+def ranks_of(run_dir: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "gridrun.train.worker" in cmd and "--rank" in cmd and str(run_dir) in cmd:
+            found.append(proc)
+    return found
+
+
+def test_invariant_gives_the_same_bits_on_1_2_and_4_devices(lab):
+    root = lab / "runs"
+    runs = [cell("invariant", d, experiment=f"d{d}") for d in (1, 2, 4)]
+    assert len({r.id for r in runs[:1]}) == 1
+    for run in runs:
+        trained(root, run)
+    hashes = {summary(root, r)["weights_sha256"] for r in runs}
+    assert len(hashes) == 1
+    one = lines(root, runs[0])
+    assert any(r.get("split") == "val" for r in one)
+    assert all(lines(root, r) == one for r in runs[1:])
+
+
+def test_ddp_repeats_give_the_same_bits_and_another_count_other_bits(lab):
+    root = lab / "runs"
+    a, b = cell("ddp", 2, experiment="a"), cell("ddp", 2, experiment="b")
+    one = cell("ddp", 1, experiment="one")
+    assert a.trainer["devices"] == 2 and "devices" in json.dumps(a.trainer)
+    for run in (a, b, one):
+        trained(root, run)
+    assert summary(root, a)["weights_sha256"] == summary(root, b)["weights_sha256"]
+    assert lines(root, a) == lines(root, b)
+    # documented: DDP's sum changes with the device count
+    assert summary(root, one)["weights_sha256"] != summary(root, a)["weights_sha256"]
+
+
+def test_the_device_count_is_in_a_ddp_run_id_and_not_in_an_invariant_one():
+    from gridrun.spec import run_id
+
+    def rid(**trainer):
+        return run_id("e", "spirals", trainer, {}, 0)
+
+    base = {"epochs": 1}
+    assert rid(**base, devices=1) == rid(**base) == rid(**base, devices=1, reduce="ddp")
+    assert rid(**base, devices=2) != rid(**base)
+    assert rid(**base, reduce="invariant", devices=2) == rid(**base, reduce="invariant", devices=1)
+    assert rid(**base, reduce="invariant") != rid(**base)
+
+
+def test_an_invariant_run_stopped_on_2_devices_and_resumed_on_1_ends_with_the_same_bits(lab):
+    root = lab / "runs"
+    alone = cell("invariant", 1, experiment="alone")
+    trained(root, alone)
+    moved = cell("invariant", 2, experiment="moved", step_sleep=0.05, checkpoint_every=2)
+    run_dir = prepare(root, moved)
+    proc = worker(run_dir)
+    wait_for(lambda: steps_logged(root, moved) >= 4 or proc.poll() is not None, timeout=240)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == states.EXIT_CODES[states.INTERRUPTED], out
+    assert not ranks_of(run_dir)
+    stopped_at = summary(root, moved)["step"]
+    assert 4 <= stopped_at < summary(root, alone)["step"]
+    # the same run (devices is not in an invariant run's id), resumed on one device
+    write_run_config(run_dir / layout.CONFIG, type(moved)(**{
+        **moved.__dict__, "trainer": {**moved.trainer, "devices": 1}}))
+    proc = worker(run_dir)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert f"resumed from step {stopped_at}" in out
+    assert summary(root, moved)["weights_sha256"] == summary(root, alone)["weights_sha256"]
+    assert lines(root, moved) == lines(root, alone)
+
+
+def test_a_killed_rank_ends_the_run_at_once_and_the_engine_resumes_it_exactly(lab):
+    from gridrun.engine.backends.local import LocalBackend
+
+    root = lab / "runs"
+    undisturbed = cell("ddp", 2, experiment="ref", epochs=3)
+    trained(root, undisturbed)
+    run = cell("ddp", 2, experiment="hit", epochs=3, step_sleep=0.05, checkpoint_every=2)
+    # the engine's fork server starts in the user's folder, as `gridrun` starts it there
+    backend = LocalBackend(log_path=lab / "forkserver.log")
+    backend.start()
+    with Store(root) as store:
+        store.enqueue([run])
+        engine = engine_for(root, backend, slots=2)
+        engine.start()
+        run_dir = layout.run_dir(root, run.experiment, run.id)
+        deadline = time.monotonic() + 240
+        while steps_logged(root, run) < 4:
+            assert time.monotonic() < deadline, "the run did not start training"
+            assert store.list_runs(ids=[run.id])[0].status in (states.QUEUED, states.RUNNING), \
+                store.list_runs(ids=[run.id])[0].error
+            engine.step(0.1)
+        victims = ranks_of(run_dir)
+        assert len(victims) == 1
+        os.kill(victims[0].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        while store.list_runs(ids=[run.id])[0].restarts == 0:
+            assert time.monotonic() - killed < 60, "a dead rank left the run hanging"
+            engine.step(0.1)
+        drain(engine, timeout=300)
+        row = store.list_runs(ids=[run.id])[0]
+    backend.close()
+    assert row.status == states.COMPLETED, row.error
+    assert row.restarts == 1
+    output = (run_dir / "output.log").read_text()
+    assert "rank 1 of 2 died (signal 9)" in output
+    assert "resumed from step" in output
+    assert summary(root, run)["weights_sha256"] == summary(root, undisturbed)["weights_sha256"]
+    assert lines(root, run) == lines(root, undisturbed)
+    assert not ranks_of(run_dir)
+
+
+def test_plan_refuses_devices_that_do_not_divide_accumulate_with_file_and_line(tmp_path):
+    path = tmp_path / "experiments.toml"
+    path.write_text('[experiments.wide]\ntask = "spirals"\naccumulate = 3\n\n'
+                    '[experiments.wide.grid]\ndevices = [1, 2]\n')
+    with pytest.raises(SpecError) as err:
+        load_runs(path)
+    text = str(err.value)
+    assert f"{path}:6:" in text and "devices = 2 does not divide accumulate = 3" in text
+    assert "use devices in [1, 3]" in text
+    path.write_text('[engine]\nbackend = "ray"\n\n[experiments.wide]\ntask = "spirals"\n'
+                    'accumulate = 2\ndevices = 2\n')
+    with pytest.raises(SpecError) as err:
+        load_runs(path)
+    assert f"{path}:7:" in str(err.value) and "Ray backend" in str(err.value)
