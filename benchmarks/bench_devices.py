@@ -71,24 +71,31 @@ def main() -> None:
           f"{os.cpu_count()} cores, Python {platform.python_version()}, "
           f"load {os.getloadavg()[0]:.1f}; {args.steps} steps, accumulate 4, batch 32, "
           f"threads 1 per process, median of {args.repeat}")
+    modes = MODES
+    import torch
+
+    if torch.cuda.is_available():  # runs take the GPU(s): as many devices as there are
+        modes = [m for m in MODES if m[1] <= torch.cuda.device_count()]
+        print(f"on {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}: "
+              f"{', '.join(m[0] for m in modes)}")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for task in args.tasks.split(","):
-            found: dict[str, list[dict]] = {name: [] for name, *_ in MODES}
+            found: dict[str, list[dict]] = {name: [] for name, *_ in modes}
             for rep in range(args.repeat):  # interleaved: load drifts alike for every mode
-                for name, devices, reduce in MODES:
+                for name, devices, reduce in modes:
                     found[name].append(once(root, cell(task, devices, reduce, args.steps),
                                             f"{task}-{devices}-{reduce}-{rep}"))
             base = statistics.median(r["ms"] for r in found["one device"])
             print(f"\n{task}:")
             print(f"  {'mode':<14} {'ms/step':>8} {'ratio':>6} {'samples/s':>10} {'rank 0 RSS':>11}")
-            for name, *_ in MODES:
+            for name, *_ in modes:
                 ms = statistics.median(r["ms"] for r in found[name])
                 sps = statistics.median(r["samples_per_s"] for r in found[name])
                 rss = statistics.median(r["rss"] for r in found[name]) / 2**20
                 print(f"  {name:<14} {ms:8.2f} {ms / base:5.2f}x {sps:10,.0f} {rss:9.0f} MiB")
-            same = {r["hash"] for r in found["invariant x1"] + found["invariant x2"]}
-            ddp = {r["hash"] for r in found["ddp x2"]}
+            same = {r["hash"] for r in found["invariant x1"] + found.get("invariant x2", [])}
+            ddp = {r["hash"] for r in found.get("ddp x2", [])}
             print(f"  invariant x1 and x2: {'one weights hash' if len(same) == 1 else 'DIFFERENT hashes'}"
                   f"; ddp x2 repeats: {'one hash' if len(ddp) == 1 else 'DIFFERENT hashes'}")
 

@@ -3,6 +3,7 @@ slots, telemetry, and the backends (local, ray, slurm) that launch each run.
 
     daemon     start, stop and the loop of the engine process
     scheduler  queued runs -> slots -> launches; exits -> run states
+    placement  which queued runs start now and on which slots (gangs for devices > 1, queue order)
     endings    how a run's end becomes its state (retries, OOM, restarts, paused for space)
     promotion  successive halving decided in trial-index order (pure functions)
     search     a search's rung results and decisions kept in the store, then carried out

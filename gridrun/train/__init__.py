@@ -13,7 +13,9 @@
     loader_probe num_workers = "auto": the loader timed, a setting chosen
     remedies     what an input-bound run should change, with its numbers
     diverge      where a NaN was born: a deterministic replay to the first bad op
-    worker       the entry point a backend runs in a child process
+    worker       the entry point a backend runs in a child process (and each extra rank)
+    world        where a process stands among its run's devices (World), how ranks meet
+    ranks        rank 0's children, ranks 1..n-1, and the watch that ends them all
 
 Imports `gridrun.tasks`, `gridrun.spec` and the run-folder records of
 `gridrun.runs` (layout, records, runlog, states); never the store, the engine

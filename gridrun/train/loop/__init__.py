@@ -8,9 +8,11 @@
     meter     the log points and their train lines
     validate  evaluation, best.pt and early stopping
     probe     Probe, what watches a run as it trains (diverge.py's replay)
+    combine   a step's micro-batches made one step on several devices, or summed
+              invariantly (each gradient apart, added in micro-batch order)
 
 The modules import downward only, type-only imports included: probe <- build
-<- state <- step, meter, validate <- trainer (the top, which alone imports them
+<- state, combine <- step, meter, validate <- trainer (the top, which alone imports them
 all; nothing imports it back). tests/test_import_graph.py holds them to it.
 
 Imports the rest of `gridrun.train` (data, seeding, checkpoint, diagnostics, ...);
