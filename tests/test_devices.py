@@ -117,6 +117,11 @@ def test_invariant_gives_the_same_bits_on_1_2_and_4_devices(lab):
     one = lines(root, runs[0])
     assert any(r.get("split") == "val" for r in one)
     assert all(lines(root, r) == one for r in runs[1:])
+    # so `gridrun verify` replays a 2-device run in one process, bit for bit
+    from gridrun.checks.verify import verify
+
+    result = verify(layout.run_dir(root, runs[1].experiment, runs[1].id))
+    assert result["ok"] and result["weights"] == "identical", result
 
 
 def test_ddp_repeats_give_the_same_bits_and_another_count_other_bits(lab):
@@ -130,6 +135,11 @@ def test_ddp_repeats_give_the_same_bits_and_another_count_other_bits(lab):
     assert lines(root, a) == lines(root, b)
     # documented: DDP's sum changes with the device count
     assert summary(root, one)["weights_sha256"] != summary(root, a)["weights_sha256"]
+    from gridrun.checks.verify import VerifyError, verify
+
+    with pytest.raises(VerifyError, match=r'a reduce = "ddp" run on 2 devices .* use reduce = '
+                                          r'"invariant"'):
+        verify(layout.run_dir(root, a.experiment, a.id))
 
 
 def test_the_device_count_is_in_a_ddp_run_id_and_not_in_an_invariant_one():

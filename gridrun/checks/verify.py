@@ -55,6 +55,13 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
         run = parse_run_config(nofollow.read_bytes(run_dir / layout.CONFIG, limit=1 << 20))
     except (OSError, ValueError, KeyError, TypeError, layout.UnsafePath) as e:
         raise VerifyError(f"{run_dir}: no readable {layout.CONFIG} ({e})") from None
+    devices = run.trainer.get("devices", 1)
+    if devices > 1 and run.trainer.get("reduce", "ddp") != "invariant":
+        raise VerifyError(
+            f"{run_dir}: a reduce = \"ddp\" run on {devices} devices sums its gradients in DDP's "
+            f"order for {devices}: a replay in one process cannot give its bits; queue it again "
+            "to compare (two runs at the same devices give the same bits), or use reduce = "
+            "\"invariant\", whose runs replay on any number of devices")
     start_step, offset = 0, 0
     if from_checkpoint:
         try:
