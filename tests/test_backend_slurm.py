@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
 import shutil
 import signal
@@ -447,3 +448,23 @@ def test_a_search_decides_on_slurm_what_it_decides_locally(cluster, tmp_path):
     here = decided_locally(tmp_path / "local", runs)
     assert len(on_slurm["promotions"]) == 2 + 1 and len(on_slurm["stopped"]) == 3  # 4 -> 2 -> 1
     assert on_slurm == here
+
+
+def test_a_two_device_run_is_one_job_with_two_gpus_and_the_bits_of_one_device(cluster, tmp_path):
+    """Issue 38: the job asks SLURM for both GPUs, the run's ranks start inside it, and an
+    invariant run ends with the bits of the same run on one device, trained locally."""
+    wide = probe_run(seed=0, epochs=2, accumulate=2, threads=1, devices=2, reduce="invariant")
+    _, engine = slurm(tmp_path / "slurm", max_jobs=2, gpus_per_run=1)
+    with Store(tmp_path / "slurm") as store:
+        store.enqueue([wide])
+        engine.start()
+        drain(engine, timeout=300)
+        row = store.list_runs()[0]
+        assert row.status == states.COMPLETED, row.error
+    out = (layout.run_dir(tmp_path / "slurm", "e", wide.id) / layout.OUTPUT).read_text()
+    assert "CUDA_VISIBLE_DEVICES='0,1'" in out and "2 devices (gloo, reduce = invariant)" in out
+    local = reference(tmp_path, [wide.with_trainer(devices=1)])  # the same id: invariant
+    assert metrics_without_timing(tmp_path / "slurm", wide) == metrics_without_timing(local, wide)
+    hashes = {json.loads((layout.run_dir(r, "e", wide.id) / layout.SUMMARY).read_text())
+              ["weights_sha256"] for r in (tmp_path / "slurm", local)}
+    assert len(hashes) == 1
