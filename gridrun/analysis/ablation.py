@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from gridrun.analysis import tdist
+from gridrun.analysis.devices import DEFAULTS as DEVICE_KEYS
 from gridrun.analysis.frames import PENDING, TRACKED, collector_paused
 from gridrun.analysis.rowtable import RowTable, missing
 from gridrun.runs import records, states
@@ -99,6 +100,32 @@ def _grouping(sub: list[dict[str, Any]], config_cols: list[str], by: list[str] |
     return varying(sub)
 
 
+def _filled(sub: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows, a run from before `devices` and `reduce` with the values it trained with
+    (1 device, "ddp") where other runs of its table name them: the same runs, one cell."""
+    for key, default in DEVICE_KEYS.items():
+        if any(key in r for r in sub) and not all(key in r for r in sub):
+            sub = [r if key in r else {**r, key: default} for r in sub]
+    return sub
+
+
+def _spread(sub: list[dict[str, Any]], keys: list[str]) -> list[str]:
+    """`keys`, and `devices` and `reduce` when runs that `keys` put in one cell differ in
+    them: runs on other device counts, or summed another way, are never averaged
+    together unseen. A grid over `devices` names it already; an ablation's name tells
+    its own. The rows are `_filled`: each names the key, or none does."""
+    for key in DEVICE_KEYS:
+        if key in keys or not sub or key not in sub[0]:
+            continue
+        seen: dict[tuple[Any, ...], set[Any]] = {}
+        for r in sub:
+            cell = tuple(_group_key(r.get(k)) for k in keys)
+            seen.setdefault(cell, set()).add(_group_key(r[key]))
+        if any(len(values) > 1 for values in seen.values()):
+            keys = [*keys, key]
+    return keys
+
+
 def _cells_of(sub: list[dict[str, Any]], keys: list[str]) -> list[tuple[tuple[Any, ...], list[int]]]:
     """(values of `keys`, row positions) of each cell, in the order the cells first appear."""
     cells: dict[tuple[Any, ...], tuple[tuple[Any, ...], list[int]]] = {}
@@ -170,7 +197,10 @@ def _ablation(runs: RowTable, experiment: str | None, by: Iterable[str] | None,
                 f"own_{m}" in r for m in metrics) for r in sub)):
             notes.append(f"{exp}: {older} run{'s' * (older != 1)} recorded before own bests "
                          "were (an older gridrun): left out of the --own-best values")
+        sub = _filled(sub)
         keys = _grouping(sub, config_cols, by, axes)
+        if by is None:
+            keys = _spread(sub, keys)
         all_keys.update(dict.fromkeys(keys))
         numbers = {m: [_number(r.get(f"{kind}_{m}")) for r in sub] for m in metrics}
         cells = []

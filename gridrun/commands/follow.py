@@ -10,9 +10,7 @@ codes. A line for each run that ends is printed in both.
 Every figure comes from the one fold over a run's metrics lines
 (`gridrun.runs.progress`): steps, loss, best, pace, ETA.
 
-Also `gridrun ls`'s lines (`run_lines`): one per run, grep-able, its columns as wide
-as what they hold (up to a cap), and on a terminal each line cut at the terminal's
-width (as `ps` does) rather than wrapped over three.
+`gridrun ls`'s lines (`run_lines`) are analysis/runlist.py's, named here too.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from gridrun.analysis.runlist import run_lines  # noqa: F401 (`gridrun ls` imports it from here)
 from gridrun.runs import states
 from gridrun.runs.records import HIGHER, LOWER
 from gridrun.spec.variants import Variants, cut
@@ -391,57 +390,3 @@ def _pace(runs: list[Any], reader: Reader) -> float | None:
     whole = [p.total_steps * p.s_per_step for r in runs if r.status == states.RUNNING
              and (p := reader.folded.get(r.id)) and p.total_steps and p.s_per_step]
     return sum(whole) / len(whole) if whole else None
-
-
-CAPS = {"experiment": 16, "variant": 24, "best": 22}  # longer values are cut
-# below a list with a search's trials: BEST is not the value compare ranks them by
-BEST_IS = ("BEST: each run's best evaluation of its early-stop metric; `gridrun compare "
-           "EXPERIMENT` ranks a search's trials by the evaluation at the end of their rung")
-
-
-def run_lines(runs: Sequence[Any], note_of: Callable[[Any], str],
-              width: int | None = None) -> list[str]:
-    """The header and a line per run (store Runs), then, with a search's trials, what BEST
-    is; `width`: cut each line there with `…`."""
-    # a search's trials: the rung each has reached and the epochs it used of its budget
-    search = any(r.config.get("trial") is not None and r.config.get("search") for r in runs)
-    columns = ["id", "status", "experiment", "variant", "seed",
-               *(["rung", "epochs"] if search else []), "best", "note"]
-    rows = []
-    for r in runs:
-        rung, _, used = rung_label(r).partition(" e") if search else ("", "", "")
-        rows.append({"id": r.id, "status": r.status, "experiment": r.experiment,
-                     "variant": r.variant or "-", "seed": str(r.seed), "rung": rung or "-",
-                     "epochs": used or "-", "best": best_label(r.summary), "note": note_of(r)})
-    header = {c: c.upper() for c in columns}
-    widths = {c: min(CAPS.get(c, 1 << 20), max(len(row[c]) for row in [header, *rows]))
-              for c in columns[:-1]}
-
-    def line(row: dict[str, str], numbers: bool = True) -> str:
-        cells = [row[c][:widths[c]].rjust(widths[c]) if c == "seed" and numbers
-                 else row[c][:widths[c]].ljust(widths[c]) for c in columns[:-1]]
-        return "  ".join([*cells, row["note"]]).rstrip()
-
-    out = [line(header, numbers=False), *map(line, rows), *([BEST_IS] if search else [])]
-    if width:
-        out = [text if len(text) <= width else text[:width - 1] + "…" for text in out]
-    return out
-
-
-def rung_label(run: Any) -> str:
-    """`r1 e3/9` for a search's trial under a scheduler (spec.search.rung_label), else ""."""
-    from gridrun.spec.search import rung_label as label
-
-    return label(run.config.get("search"), run.config.get("trial"),
-                 (run.summary or {}).get("epoch"))
-
-
-def best_label(summary: Any) -> str:
-    """`perplexity↓ 3.141`: an ended run's best value of its early-stop metric, or ""."""
-    from gridrun.runs import records
-
-    s = records.Summary.from_json(summary)
-    if s is None or s.best_value is None or not s.early_stop_metric:
-        return ""
-    arrow = "↓" if records.direction(s.early_stop_metric, s.metrics) == records.LOWER else "↑"
-    return f"{s.early_stop_metric}{arrow} {s.best_value:.4g}"

@@ -33,7 +33,8 @@ class RunRow:
     best_name: str = ""
     best_direction: str = ""  # "higher" or "lower", as the task declares it ("" when not known)
     samples_per_s: float | None = None
-    slot: str | None = None
+    slot: str | None = None  # as the store keeps it: "gpu0", or "gpu0+gpu1" for a run on two
+    devices: int = 1  # how many it trains on at once (trainer.devices; analysis/devices.py)
     ends_at: float | None = None  # when a running run should end, at its recent pace
     queued_at: float = 0.0
     started_at: float | None = None

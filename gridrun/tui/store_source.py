@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gridrun.analysis.devices import devices_of, slot_gpus, trainer_of
 from gridrun.checks import verdict
 from gridrun.checks.doctor import lost_queue_warning
 from gridrun.runs import layout, nofollow, runlog
@@ -50,8 +51,8 @@ def _row(run: Run) -> RunRow:
         epochs=run.config.get("trainer", {}).get("epochs"), train_loss=s.train_loss,
         best=s.best_value, best_name=s.early_stop_metric or "",
         best_direction=s.metrics.get(s.early_stop_metric or "", ""),
-        samples_per_s=s.samples_per_s, slot=run.slot, queued_at=run.queued_at,
-        started_at=run.started_at, ended_at=run.ended_at, note=run.note,
+        samples_per_s=s.samples_per_s, slot=run.slot, devices=devices_of(trainer_of(run.config)),
+        queued_at=run.queued_at, started_at=run.started_at, ended_at=run.ended_at, note=run.note,
         flags=(INPUT_BOUND,) if (s.data_wait or 0) > INPUT_BOUND_SHARE else (),
         rungs=trial_rungs(run.config),
         trial=t if isinstance(t := run.config.get("trial"), int) else None)
@@ -113,6 +114,7 @@ class StoreSource(StoreTables):
         self.rows: dict[str, RunRow] = {}
         self.live: dict[str, Live] = {}
         self._telemetry_t = 0.0
+        self._on_gpus: dict[int, tuple[str, ...]] = {}  # the running runs' GPUs (their slots)
         self._history: dict[str, deque[float]] = {}
         self._engine: EngineState | None = None
         self._first = True  # the first poll warns of an empty store beside run folders
@@ -170,28 +172,43 @@ class StoreSource(StoreTables):
         self._engine = state
         return state
 
+    def _holders(self) -> dict[int, tuple[str, ...]]:
+        """The running runs on each GPU, from the slots they hold: a run on several
+        ("gpu0+gpu1") is on each of them."""
+        on: dict[int, list[str]] = {}
+        for run_id in self.live:  # the running runs
+            for gpu in slot_gpus(self.rows[run_id].slot):
+                on.setdefault(gpu, []).append(run_id)
+        return {gpu: tuple(ids) for gpu, ids in on.items()}
+
     def _machine(self) -> Machine | None:
-        sample = self.store.latest_telemetry()
-        if sample is None or sample.t == self._telemetry_t:
+        """A new telemetry sample, or the runs on its GPUs changed: the machine again."""
+        sample, holders = self.store.latest_telemetry(), self._holders()
+        if sample is None or (sample.t, holders) == (self._telemetry_t, self._on_gpus):
             return None
-        self._telemetry_t = sample.t
+        new, self._telemetry_t, self._on_gpus = sample.t != self._telemetry_t, sample.t, holders
         d = sample.data
-        on_gpu: dict[int, list[str]] = {}
+        # a GPU's runs: those whose process the engine saw on it, then those whose slot holds it
+        on_gpu: dict[Any, dict[str, None]] = {}
         for p in d.get("processes") or []:
             if p.get("run_id") is not None:
-                on_gpu.setdefault(p.get("gpu"), []).append(p["run_id"])
+                on_gpu.setdefault(p.get("gpu"), {})[p["run_id"]] = None
+        for gpu, ids in holders.items():
+            on_gpu.setdefault(gpu, {}).update(dict.fromkeys(ids))
         gpus = []
         for g in d.get("gpus") or []:
             hist = self._history.setdefault(f"gpu{g.get('index')}", deque(maxlen=60))
-            hist.append(g.get("util_percent") or 0.0)
+            if new:
+                hist.append(g.get("util_percent") or 0.0)
             gpus.append(GpuRow(index=g.get("index", 0), name=g.get("name") or "GPU",
                                util=g.get("util_percent"), mem_used=g.get("mem_used_bytes"),
                                mem_total=g.get("mem_total_bytes"), power=g.get("power_w"),
-                               temp=g.get("temperature_c"), runs=tuple(on_gpu.get(g.get("index"), ())),
-                               history=tuple(hist)))
+                               temp=g.get("temperature_c"),
+                               runs=tuple(on_gpu.get(g.get("index"), ())), history=tuple(hist)))
         system = d.get("system") or {}
         cpu = self._history.setdefault("cpu", deque(maxlen=60))
-        cpu.append(system.get("cpu_percent") or 0.0)
+        if new:
+            cpu.append(system.get("cpu_percent") or 0.0)
         return Machine(gpus=tuple(gpus), cpu_percent=system.get("cpu_percent"),
                        ram_used=system.get("ram_used_bytes"),
                        ram_total=system.get("ram_total_bytes"), cpu_history=tuple(cpu))

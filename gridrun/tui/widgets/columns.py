@@ -38,6 +38,7 @@ WIDTHS = {"mark": 1, "status": 11, "id": 10, "experiment": 6, "variant": 8, "see
 CORE = ("mark", "status", "experiment", "variant", "seed", "progress", "loss", "best")
 PRIORITY = (*CORE, "id", "elapsed", "eta", "samples/s", "slot", "prio")
 GROWS = ("experiment", "variant")
+WIDENS = frozenset({"slot"})  # as wide as its longest value (`wants`), when it is shown
 RIGHT = frozenset({"seed", "loss", "best", "samples/s", "elapsed", "eta", "prio"})
 MAX_WIDTH = 32
 GAP = 1  # blank cells between two columns
@@ -72,8 +73,23 @@ def cells(r: RunRow, now: float, marked: bool) -> tuple[str, ...]:
     return ("●" if marked else " ", fmt.status(r.status).plain, fmt.text(r.id),
             fmt.text(r.experiment), fmt.text(r.variant or "-"), fmt.text(r.seed), fmt.progress(r),
             fmt.num(r.train_loss), fmt.num(r.best), fmt.num(r.samples_per_s, 3) + fmt.flags(r.flags),
-            fmt.text(r.slot or ""), fmt.duration(fmt.elapsed(r, now)),
+            fmt.slot(r), fmt.duration(fmt.elapsed(r, now)),
             fmt.duration(fmt.eta(r, now)), fmt.num(r.priority) if r.priority else "")
+
+
+def wants(r: RunRow, shown: tuple[str, ...]) -> dict[str, int]:
+    """The cells a row wants for its values whole: its experiment's name, and a run on
+    several devices its slot ("2× gpu0+gpu1"; a plain slot keeps the column's width)."""
+    out = {"experiment": cell_len(shown[INDEX["experiment"]])}  # the variant's: Variants.levels
+    if (fmt.whole(r.devices) or 1) > 1:
+        out["slot"] = cell_len(shown[INDEX["slot"]])
+    return out
+
+
+def least(key: str, want: dict[str, int]) -> int:
+    """A column's width where it is not one of the names (GROWS): its least, or for WIDENS
+    its longest value's (up to MAX_WIDTH)."""
+    return max(WIDTHS[key], min(MAX_WIDTH, want.get(key, 0))) if key in WIDENS else WIDTHS[key]
 
 
 def status_counts(rows: list[RunRow]) -> list[tuple[str, str, int]]:
@@ -112,9 +128,9 @@ def fit(width: int, want: dict[str, int], skip: int = 0) -> dict[str, int]:
 
     def add(key: str) -> None:
         nonlocal used
-        if used + GAP + WIDTHS[key] <= width:
-            widths[key] = WIDTHS[key]
-            used += GAP + WIDTHS[key]
+        if used + GAP + least(key, want) <= width:
+            widths[key] = least(key, want)
+            used += GAP + widths[key]
 
     def grow(limit: Callable[[str], int]) -> None:
         nonlocal used
@@ -140,7 +156,7 @@ def scrolled(width: int, want: dict[str, int], skip: int) -> dict[str, int]:
     widths = {key: WIDTHS[key] for key in FROZEN}
     used = sum(widths.values()) + GAP * (len(widths) - 1)
     for key in SCROLLS[skip:]:
-        w = max(WIDTHS[key], min(MAX_WIDTH, want.get(key, 0))) if key in GROWS else WIDTHS[key]
+        w = max(WIDTHS[key], min(MAX_WIDTH, want.get(key, 0))) if key in GROWS else least(key, want)
         if used + GAP + w > width:
             w = width - used - GAP if key in GROWS else 0  # a name may shrink to what is left
             if w < WIDTHS[key]:

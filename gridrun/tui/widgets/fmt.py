@@ -170,6 +170,14 @@ def progress(r: RunRow) -> str:
     return ""
 
 
+def slot(r: RunRow) -> str:
+    """Where a run runs: its slot as the store keeps it ("gpu1"). A run on several
+    devices leads with how many slots it holds at once: "2× gpu0+gpu1" while it runs
+    (the members, as the store joins them), "2×" before and after."""
+    name, n = text(r.slot or ""), whole(r.devices) or 1
+    return name if n <= 1 else f"{n}×" + (f" {name}" if name else "")
+
+
 def elapsed(r: RunRow, now: float) -> float | None:
     started = finite(r.started_at)
     if started is None:

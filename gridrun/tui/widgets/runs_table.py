@@ -50,6 +50,7 @@ from gridrun.tui.widgets.columns import (
     next_skip,
     queue_order,
     status_counts,
+    wants,
 )
 
 
@@ -203,9 +204,8 @@ class RunsTable(ScrollView, can_focus=True):
         self._lines.discard(run_id)
         variant = INDEX["variant"]
         self._variants_stale |= old is None or old[variant] != new[variant]
-        for key in ("experiment",):  # the variant's want: _refresh_variants
-            if cell_len(new[INDEX[key]]) > self.want[key]:
-                self.want[key] = cell_len(new[INDEX[key]])
+        for key, want in wants(self.runs[run_id], new).items():  # the variant's: _refresh_variants
+            self.want[key] = max(self.want.get(key, 0), want)
         if old is not None and (row := self.position.get(run_id)) is not None:
             self.refresh_line(row + 1)  # +1: the header
 
