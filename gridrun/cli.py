@@ -15,8 +15,8 @@ from gridrun.commands import (
     deploy,
     doctor,
     engine,
+    mirror,
     plan,
-    predict,
     remove,
     repro,
     tensorboard,
@@ -38,8 +38,8 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 
-for module in (tui, plan, train, engine, remove, analysis, doctor, verify, repro, deploy, predict,
-               tensorboard, data_commands):
+for module in (tui, plan, train, engine, remove, analysis, doctor, verify, repro, deploy,
+               tensorboard, mirror, data_commands):
     module.register(app)
 
 

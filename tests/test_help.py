@@ -124,4 +124,5 @@ def test_the_broken_line_check_sees_a_hard_wrapped_docstring():
 
 def test_every_command_is_walked():
     names = {" ".join(p) for p, _ in COMMANDS}
-    assert {"", "run", "verify", "export-model", "engine status", "compare", "tensorboard"} <= names
+    assert {"", "run", "verify", "export-model", "engine status", "compare", "tensorboard",
+            "mirror", "mirror mlflow"} <= names

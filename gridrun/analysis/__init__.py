@@ -9,6 +9,11 @@
     rowtable  plain rows that `gridrun compare` reads without pandas
     tables    the text of a table: table, csv, markdown, latex, json
     export    frames and metrics to files, atomically
+    devices   a run's devices and reduce, and the GPUs its slot's name holds (every view's)
+    runlist   `gridrun ls`'s lines
+    tensorboard     runs' scalars as TensorBoard event files
+    mlflow_records  what a run becomes in MLflow, and the mirror's cursor
+    mlflow_mirror   `gridrun mirror mlflow`: the change feed sent with MLflow's client
 
 Imports `gridrun.runs` and `gridrun.spec`; nothing here imports torch.
 """

@@ -1,0 +1,412 @@
+"""`gridrun mirror mlflow`: a root's runs mirrored into MLflow, live, with MLflow's own client.
+
+`Mirror` folds over the store's change feed (`read`: `changes_since`, never a walk
+of the run folders) and sends, in `step`, what is new of the runs that changed and
+of the running ones: a run MLflow has not seen yet becomes an MLflow run in the
+experiment named after its own (found by its `gridrun.run_id` tag before one is
+made; a search's trials are children of one parent run per search, which carries
+the leaderboard), then its params, its new metric points (log_batch), its tags and
+status, and its files when they changed (mlflow_records.py says what each is).
+
+MLflow is the truth: before the first step, and again after any failure, one
+search per experiment reads which runs MLflow holds and the last step of each of
+their metrics (`_reconcile`); where the cursor disagrees, that run's log is read
+again from its start and only steps past MLflow's last are sent. Nothing is sent
+twice, and metric points carry the line's own time, so a batch resent after a lost
+answer is the same point again.
+
+Failure is local: the mirror is its own process; a server that is down or fails
+raises out of `step` (what was sent stays counted), `follow` says so in one line and
+tries again with a bounded backoff, reading the server's state again first. A run
+the server refuses (a 4xx answer) is said once and left until it changes.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gridrun.analysis import mlflow_records as mr
+from gridrun.runs import layout, runlog, states
+from gridrun.runs.layout import UnsafePath
+
+# a server that does not answer fails a request in seconds, not after minutes of retries
+# (no retry inside the client: a create_run retried after a lost answer makes a second run;
+# the mirror tries again itself, after finding what the server holds)
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+                 "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+BACKOFF_CAP = 16.0  # seconds between tries while the server fails
+SETTLE = 30  # steps an ended run's files are looked at again until its summary says its state
+PAGE = 1000
+
+
+class MLflowMissing(ImportError):
+    """The mlflow package is not installed; str() says how to get it."""
+
+
+class _Skip(Exception):
+    """A run left out of this step, said once (Mirror.refused)."""
+
+
+def client_for(uri: str) -> Any:
+    """MLflow's client on `uri`: a 10 s HTTP timeout and no retry inside it, unless the
+    environment sets them (MLFLOW_HTTP_REQUEST_TIMEOUT, MLFLOW_HTTP_REQUEST_MAX_RETRIES)."""
+    for name, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        raise MLflowMissing("gridrun mirror mlflow needs the mlflow package: "
+                            "pip install 'gridrun[mlflow]'") from None
+    return MlflowClient(tracking_uri=uri)
+
+
+def reason(error: BaseException) -> str:
+    """One line for a failed request."""
+    text = " ".join(str(error).split())
+    if "Max retries exceeded" in text or "Connection" in type(error).__name__:
+        why = "connection refused" if "refused" in text.lower() else \
+            "timed out" if "timed out" in text.lower() else "no connection"
+        return f"no answer ({why})"
+    return (text or type(error).__name__)[:300]
+
+
+def refused(error: BaseException) -> bool:
+    """The server answered, and refuses this run's request (a 4xx): retrying it would not
+    help. Not a refusal of the mirror itself (401, 403: every run waits) nor a wait (408, 429)."""
+    from mlflow.exceptions import RestException
+
+    return isinstance(error, RestException) and 400 <= error.get_http_status_code() < 500 \
+        and error.get_http_status_code() not in (401, 403, 408, 429)
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A run MLflow holds: its id, the last step of each metric, its params' keys."""
+
+    id: str
+    steps: dict[str, int]
+    params: frozenset[str]
+    deleted: bool
+
+
+class Mirror:
+    """One root mirrored to one tracking server; `read` the store, then `step`."""
+
+    def __init__(self, root: Path, client: Any, cursor: mr.Cursor,
+                 tell: Callable[[str], None], warn: Callable[[str], None]) -> None:
+        self.root, self.client, self.cursor, self.tell, self.warn = root, client, cursor, tell, warn
+        self.rows: dict[str, Any] = {}
+        self.seq = 0
+        self.dirty: set[str] = set()
+        self.remote: dict[str, Remote] | None = None  # None: read MLflow's state first
+        self.experiments: dict[str, str] = {}
+        self.refused: dict[str, str] = {}  # run or experiment -> why, said once
+        self.boards: set[str] = set()  # searches whose leaderboard is to send
+        self.first = True  # the first step looks at every ended run's files
+        self.settling: dict[str, int] = {}  # ended runs whose summary.json is still to restate
+        self.created = self.points = self.files = 0
+
+    # ---- the store -----------------------------------------------------------------------
+
+    def read(self, store: Any) -> None:
+        changed, self.seq = store.changes_since(self.seq)
+        for run in changed:
+            self.rows[run.id] = run
+            self.refused.pop(run.id, None)
+            if self.cursor.runs.get(run.id, mr.Mirrored()).seq != run.seq:
+                self.dirty.add(run.id)
+
+    def waiting(self) -> list[str]:
+        """The runs with something still to send (ids)."""
+        return [i for i, r in self.rows.items() if (i in self.dirty or r.status == states.RUNNING)
+                and i not in self.refused and not self._not_yet(r)]
+
+    def mirrored(self) -> int:
+        """How many runs of the store the mirror has something of (all but those never started)."""
+        return sum(not self._not_yet(r) for r in self.rows.values())
+
+    @staticmethod
+    def _not_yet(run: Any) -> bool:
+        return run.status == states.QUEUED and not run.started_at
+
+    # ---- a step --------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Send what is new; raises what the server raised (the rest waits for the next step).
+        The cursor is saved either way."""
+        try:
+            if self.remote is None:
+                self._reconcile()
+            ended = [i for i, r in self.rows.items() if self.first and r.status in states.FINISHED]
+            ended += [i for i in self.settling if i in self.rows]
+            for run_id in dict.fromkeys([*self.waiting(), *ended]):
+                run = self.rows[run_id]
+                if run_id in self.refused or self._not_yet(run) or \
+                        f"experiment {run.experiment}" in self.refused:
+                    continue
+                try:
+                    self._sync(run)
+                except _Skip:
+                    continue
+                except UnsafePath as e:  # a link in its folder: never followed
+                    self._refuse(run.id, str(e))
+                except Exception as e:
+                    if not refused(e):
+                        raise
+                    self._refuse(run.id, f"run {run.id} not mirrored: MLflow refused it: {reason(e)}")
+            for sid in sorted(self.boards):
+                self._board(sid)
+                self.boards.discard(sid)
+            self.first = False
+        except Exception:
+            self.remote = None  # what MLflow holds is read again before the next try
+            raise
+        finally:
+            try:
+                self.cursor.save()
+            except OSError as e:  # MLflow keeps what was sent: the next start reads it there
+                self.warn(f"cannot write {self.cursor.path}: {e.strerror or e}; the mirror goes "
+                          "on (MLflow holds what was sent)")
+
+    def _refuse(self, key: str, why: str) -> None:
+        self.refused[key] = why
+        self.dirty.discard(key)
+        self.warn(why)
+
+    def _skip(self, key: str, why: str) -> _Skip:
+        self._refuse(key, why)
+        return _Skip(why)
+
+    def _search(self, experiment_id: str, where: str = "") -> list[Any]:
+        from mlflow.entities import ViewType
+
+        found, token = [], None
+        while True:
+            page = self.client.search_runs([experiment_id], where, run_view_type=ViewType.ALL,
+                                           max_results=PAGE, page_token=token)
+            found += list(page)
+            token = page.token
+            if not token:
+                return found
+
+    def _reconcile(self) -> None:
+        """What MLflow holds of these experiments; the cursor follows it where they differ."""
+        remote: dict[str, Remote] = {}
+        self.cursor.parents = {}
+        for name in sorted({r.experiment for r in self.rows.values()}):
+            experiment = self.client.get_experiment_by_name(name)
+            if experiment is None:
+                continue
+            self.experiments[name] = experiment.experiment_id
+            for run in self._search(experiment.experiment_id):
+                tags = run.data.tags
+                if tags.get(mr.RUN_ID) and (tags[mr.RUN_ID] not in remote
+                                            or remote[tags[mr.RUN_ID]].deleted):  # active first
+                    # public: Run.to_proto() holds each metric's latest point, with its step
+                    steps = {m.key: m.step for m in run.to_proto().data.metrics}
+                    remote[tags[mr.RUN_ID]] = Remote(run.info.run_id, steps,
+                                                     frozenset(run.data.params),
+                                                     run.info.lifecycle_stage == "deleted")
+                elif tags.get(mr.ROLE) == mr.SEARCH_ROLE and tags.get(mr.SEARCH_ID) and \
+                        run.info.lifecycle_stage != "deleted":
+                    self.cursor.parents[tags[mr.SEARCH_ID]] = run.info.run_id
+        for run_id, m in list(self.cursor.runs.items()):
+            found = remote.get(run_id)
+            if found is None or found.id != m.mlflow or found.steps != m.last:
+                # MLflow lost it, holds another, or holds more or less than the cursor says
+                self.cursor.runs[run_id] = mr.Mirrored(None if found is None else found.id,
+                                                       last=dict(found.steps) if found else {})
+                self.dirty.add(run_id)
+        for run_id, found in remote.items():
+            if run_id not in self.cursor.runs and run_id in self.rows:
+                self.cursor.runs[run_id] = mr.Mirrored(found.id, last=dict(found.steps))
+                self.dirty.add(run_id)
+        self.remote = remote
+
+    def _experiment(self, name: str) -> str:
+        if name not in self.experiments:
+            experiment = self.client.get_experiment_by_name(name)
+            if experiment is not None and experiment.lifecycle_stage == "deleted":
+                raise self._skip(f"experiment {name}", f"the MLflow experiment {name} is deleted "
+                                 f"(id {experiment.experiment_id}): its runs are not mirrored; "
+                                 "restore it (mlflow experiments restore) to mirror them")
+            self.experiments[name] = experiment.experiment_id if experiment is not None else \
+                self.client.create_experiment(name)
+        return self.experiments[name]
+
+    def _create(self, run: Any, m: mr.Mirrored, experiment: str) -> frozenset[str]:
+        """Its MLflow run: the one tagged with its id, else a new one; the params it has."""
+        found = sorted(self._search(experiment, f"tags.`{mr.RUN_ID}` = '{run.id}'"),
+                       key=lambda r: r.info.lifecycle_stage == "deleted")  # active first
+        if found:
+            if found[0].info.lifecycle_stage == "deleted":
+                raise self._deleted(run, found[0].info.run_id)
+            m.mlflow, m.last = found[0].info.run_id, {
+                x.key: x.step for x in found[0].to_proto().data.metrics}
+            return frozenset(found[0].data.params)
+        tags = mr.tags_of(run, None)
+        if (sid := mr.search_of(run)) is not None:
+            tags[mr.PARENT] = self._parent(run, sid, experiment)
+        made = self.client.create_run(experiment, start_time=mr.millis(run.started_at or
+                                                                        run.queued_at),
+                                      tags=tags, run_name=mr.run_name(run))
+        m.mlflow = made.info.run_id
+        self.created += 1
+        self.tell(f"{run.id}  {run.experiment} {mr.run_name(run)}: MLflow run {m.mlflow}")
+        return frozenset()
+
+    def _deleted(self, run: Any, mlflow_id: str) -> _Skip:
+        return self._skip(run.id, f"run {run.id} is deleted in MLflow ({mlflow_id}): not "
+                          "mirrored (restore it there to mirror it again)")
+
+    def _parent(self, run: Any, sid: str, experiment: str) -> str:
+        if sid not in self.cursor.parents:
+            found = [r for r in self._search(experiment, f"tags.`{mr.SEARCH_ID}` = '{sid}' and "
+                                                         f"tags.`{mr.ROLE}` = '{mr.SEARCH_ROLE}'")
+                     if r.info.lifecycle_stage != "deleted"]
+            if found:
+                self.cursor.parents[sid] = found[0].info.run_id
+            else:
+                made = self.client.create_run(
+                    experiment, start_time=mr.millis(run.queued_at), run_name=f"search {sid}",
+                    tags={mr.SEARCH_ID: sid, mr.ROLE: mr.SEARCH_ROLE,
+                          "gridrun.experiment": run.experiment})
+                self.cursor.parents[sid] = made.info.run_id
+            self._batch(self.cursor.parents[sid], params=mr.search_params(run.config["search"]))
+        return self.cursor.parents[sid]
+
+    def _batch(self, run_id: str, *, metrics: list[Any] = (), params: dict[str, str] | None = None,
+               tags: dict[str, str] | None = None) -> None:
+        from mlflow.entities import Param, RunTag
+
+        self.client.log_batch(run_id, metrics=list(metrics),
+                              params=[Param(k, v) for k, v in (params or {}).items()],
+                              tags=[RunTag(k, v) for k, v in (tags or {}).items()],
+                              synchronous=True)
+
+    def _sync(self, run: Any) -> None:
+        m = self.cursor.runs.setdefault(run.id, mr.Mirrored())
+        remote = (self.remote or {}).get(run.id)
+        if remote is not None and remote.deleted:
+            raise self._deleted(run, remote.id)
+        have = remote.params if remote is not None and remote.id == m.mlflow else frozenset()
+        if m.mlflow is None:
+            have = self._create(run, m, self._experiment(run.experiment))
+        if not m.params:
+            self._batch(m.mlflow, params={k: v for k, v in mr.params_of(run.config).items()
+                                          if k not in have})
+            m.params = True
+        self._metrics(run, m)
+        if m.seq == run.seq and not self.first and run.id not in self.settling:
+            return
+        summary = runlog.read_summary(run.run_dir(self.root) / layout.SUMMARY)
+        if m.seq != run.seq:
+            self._batch(m.mlflow, tags=mr.tags_of(run, summary))
+            status = mr.STATUS.get(run.status, "RUNNING")
+            if run.status in states.FINISHED:
+                self.client.set_terminated(m.mlflow, status, end_time=mr.millis(run.ended_at)
+                                           or None)
+            else:
+                self.client.update_run(m.mlflow, status=status)
+            if (sid := mr.search_of(run)) is not None:
+                self.boards.add(sid)
+        self._files(run, m)
+        # a search's stopped trial: the store says so before the engine rewrites its summary
+        left = self.settling.get(run.id, SETTLE) - 1
+        if run.status in states.FINISHED and summary is not None and left > 0 and \
+                summary.status not in (None, run.status):
+            self.settling[run.id] = left
+        else:
+            self.settling.pop(run.id, None)
+        if run.status in states.FINISHED and m.seq != run.seq:
+            self.tell(f"{run.id}  {run.experiment} {mr.run_name(run)}: {run.status} "
+                      f"({m.points:,} metric points sent)")
+        m.seq = run.seq
+        self.dirty.discard(run.id)
+
+    def _metrics(self, run: Any, m: mr.Mirrored) -> None:
+        from mlflow.entities import Metric
+
+        path = run.run_dir(self.root) / layout.METRICS
+        offset = m.offset if m.offset and mr.tail(path, m.offset) == m.tail else 0
+        got = runlog.read(path, offset)
+        if got.refused:
+            raise UnsafePath(got.refused)
+        points, last = mr.new_points(got.records, m.last)
+        if points:
+            self._batch(m.mlflow, metrics=[Metric(k, v, t, s) for k, v, t, s in points])
+        m.offset, m.tail, m.last = got.offset, mr.tail(path, got.offset), last
+        m.points += len(points)
+        self.points += len(points)
+
+    def _files(self, run: Any, m: mr.Mirrored) -> None:
+        changed = [f for f in mr.run_files(run.run_dir(self.root))
+                   if m.files.get(f.key) != list(f.stamp)]
+        if not changed:
+            return
+        with tempfile.TemporaryDirectory(prefix="gridrun-mirror-") as tmp:
+            for f in changed:
+                mr.copy_out(f, Path(tmp) / f.key)
+            self.client.log_artifacts(m.mlflow, tmp)
+        m.files.update({f.key: list(f.stamp) for f in changed})
+        self.files += len(changed)
+
+    def _board(self, sid: str) -> None:
+        """The search's leaderboard (csv and text) on its parent run, and its status."""
+        trials = [r for r in self.rows.values() if mr.search_of(r) == sid]
+        parent = self.cursor.parents.get(sid)
+        if not trials or parent is None:
+            return
+        try:  # what the folders hold is untrusted: a board that cannot be made is said, not retried
+            texts = mr.leaderboards(self.root, list(self.rows.values()), trials[0].experiment)
+        except Exception as e:
+            texts = {}
+            self.warn(f"the leaderboard of search {sid} was not sent: {type(e).__name__}: {e}")
+        if texts:
+            with tempfile.TemporaryDirectory(prefix="gridrun-mirror-") as tmp:
+                for name, text in texts.items():
+                    (Path(tmp) / name).write_text(text)
+                self.client.log_artifacts(parent, tmp)
+        ended = sum(r.status in states.FINISHED for r in trials)
+        self._batch(parent, tags={"gridrun.trials_ended": f"{ended}/{len(trials)}"})
+        if ended == len(trials):
+            self.client.set_terminated(parent, "FINISHED", end_time=mr.millis(
+                max(r.ended_at or 0 for r in trials)) or None)
+        else:
+            self.client.update_run(parent, status="RUNNING")
+
+
+def follow(mirror: Mirror, store: Any, uri: str, every: float, *,
+           sleep: Callable[[float], None] = time.sleep) -> None:
+    """Mirror until interrupted: read the change feed, send, wait `every` seconds; while the
+    server fails, say what waits in one line and try again after 1, 2, 4 ... BACKOFF_CAP s."""
+    failures = 0
+    while True:
+        mirror.read(store)
+        try:
+            mirror.step()
+        except Exception as e:
+            failures += 1
+            wait = min(BACKOFF_CAP, 2.0 ** (failures - 1))
+            mirror.warn(f"could not send to {uri}: {reason(e)}; {waits(mirror.waiting())}; "
+                        f"trying again in {wait:g} s")
+            sleep(wait)
+            continue
+        if failures:
+            mirror.tell(f"{uri} answers again: caught up")
+            failures = 0
+        sleep(every)
+
+
+def waits(ids: list[str]) -> str:
+    """`3 runs wait to be sent (a1, b2, c3)`: what a failed step left."""
+    if not ids:
+        return "nothing new waits"
+    shown = ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+    return f"{len(ids)} run{'s' * (len(ids) != 1)} wait{'s' * (len(ids) == 1)} to be sent ({shown})"

@@ -1,0 +1,126 @@
+"""`gridrun mirror mlflow`: the root's runs mirrored into MLflow, once or live (--follow)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlparse
+
+import typer
+
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, open_store, say
+
+NO_URI = ("no MLflow tracking URI: give --tracking-uri URI or set MLFLOW_TRACKING_URI "
+          "(http://127.0.0.1:5000 for a local `mlflow server`)")
+
+
+def _local_path(uri: str) -> Path | None:
+    """Where a local tracking store (a path, file:, sqlite:) keeps its files, else None."""
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        return Path(parsed.path or uri)
+    if parsed.scheme.startswith("sqlite"):
+        return Path(uri.split(":///", 1)[-1]) if ":///" in uri else None
+    return None
+
+
+class _Signalled(BaseException):
+    """SIGTERM or SIGHUP while following: stopped as ctrl-c stops it (a BaseException, as
+    KeyboardInterrupt: MLflow's client turns an Exception met in a request into its own)."""
+
+
+def _raise(signum: int, frame: Any) -> None:
+    raise _Signalled(signal.Signals(signum).name)
+
+
+def mlflow(
+    tracking_uri: Annotated[str | None, typer.Option(
+        "--tracking-uri", envvar="MLFLOW_TRACKING_URI", show_envvar=False, metavar="URI",
+        help="The MLflow tracking server (http://host:5000) or store. Default: "
+        "$MLFLOW_TRACKING_URI.")] = None,
+    follow: Annotated[bool, typer.Option(
+        "--follow", help="Keep mirroring while runs train, until ctrl-c. Without it: send "
+        "what is new once and exit.")] = False,
+    every: Annotated[float, typer.Option(
+        "--every", min=0.5, metavar="SECONDS",
+        help="With --follow: how often to read the queue's changes and the running runs' "
+        "new lines.")] = 2.0,
+    root: RootOption = DEFAULT_ROOT,
+) -> None:
+    """Mirror the runs into MLflow: each run an MLflow run in the experiment of its name.
+
+    Params: the resolved config. Metrics: every train and validation value at its step,
+    named as `gridrun tensorboard` names them. Tags: the run id, variant, ablation, seed,
+    status, each source's seed, the weights' hash and the environment that decides the
+    bits. Files: config.toml, summary.json and the export folder (model.json). A search's
+    trials are children of one run per search, which holds the leaderboard. Needs the
+    mlflow extra: pip install 'gridrun[mlflow]'.
+
+    Incremental: the gridrun run id is the key, so a second mirror adds nothing; where
+    each run stopped is kept in ROOT/.mirror-mlflow.json (the one file it writes in the
+    root), and what MLflow holds wins over it. With --follow, a server that is down is
+    said in one line and tried again with a backoff; runs never wait for it.
+    """
+    from gridrun.analysis import mlflow_mirror as mm
+    from gridrun.analysis import mlflow_records as mr
+    from gridrun.runs.layout import DB_NAME, UnsafePath
+
+    uri = (tracking_uri or "").strip().rstrip("/")
+    if not uri:
+        fail(NO_URI)
+    local = _local_path(uri)
+    if local is not None and local.resolve().is_relative_to(root.resolve()):
+        fail(f"the tracking store {uri} is inside the runs root {root}: the mirror writes "
+             "nothing there but its cursor; choose a store outside it")
+    with open_store(root, write=False) as store:
+        if follow and not (root / DB_NAME).is_file():
+            fail(f"{root} has no store yet: queue runs first (gridrun queue), then mirror them")
+        try:
+            client = mm.client_for(uri)
+        except mm.MLflowMissing as e:
+            fail(str(e))
+        except Exception as e:  # a URI MLflow does not take
+            fail(f"cannot use the tracking URI {uri}: {mm.reason(e)}")
+        try:
+            cursor, note = mr.Cursor.load(root, uri)
+        except UnsafePath as e:
+            fail(str(e))
+        if note:
+            say(f"note: {note}")
+        mirror = mm.Mirror(root, client, cursor, tell=typer.echo, warn=say)
+        if not follow:
+            mirror.read(store)
+            try:
+                mirror.step()
+            except Exception as e:
+                fail(f"could not send to {uri}: {mm.reason(e)}; {mm.waits(mirror.waiting())}; "
+                     "what was sent stays (run it again to send the rest)", 1)
+            runs = mirror.mirrored()
+            typer.echo(f"mirrored {runs} run{'s' * (runs != 1)} to {uri}: {mirror.created} new, "
+                       f"{mirror.points:,} metric points, {mirror.files} files sent")
+            return
+        _follow(mirror, store, uri, every, cursor.path)
+
+
+def _follow(mirror: Any, store: Any, uri: str, every: float, cursor: Path) -> None:
+    from gridrun.analysis import mlflow_mirror as mm
+
+    previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        typer.echo(f"mirroring the runs to {uri} (ctrl-c stops; where it stopped: {cursor})")
+        mm.follow(mirror, store, uri, every)
+    except (KeyboardInterrupt, _Signalled) as e:
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+            typer.echo(f"mirror stopped{f' ({e})' if isinstance(e, _Signalled) else ''}")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="Mirror the runs into an experiment tracker (MLflow), once or live.",
+                        no_args_is_help=True, rich_markup_mode="markdown")
+    group.command("mlflow")(mlflow)
+    app.add_typer(group, name="mirror")

@@ -1,0 +1,230 @@
+"""What the MLflow mirror's tests share (no tests here): a real MLflow tracking server
+started and stopped by process group, `gridrun mirror mlflow` as a subprocess, a
+spirals task that waits at a gate (so a test knows a run is training), and what
+MLflow should hold of a run, read back with MLflow's own client.
+
+Imports nothing heavy at the top: the engine's workers import this module for the
+gated task."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+HEALTH_WAIT = 120.0  # seconds a server start may take on a busy machine
+
+
+def gated_spirals(gate: str = "", at: int = 5, **kwargs: Any) -> Any:
+    """spirals whose `at`-th training batch waits until the file `gate` exists (at most
+    five minutes): its first log lines are written, and it is still running."""
+    from gridrun.tasks import resolve
+
+    task = resolve("spirals")(**kwargs)
+    inner, calls = task.loss, [0]
+
+    def loss(model: Any, batch: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == at and gate:
+            deadline = time.monotonic() + 300
+            while not os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return inner(model, batch)
+
+    task.loss = loss
+    return task
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Any, timeout: float = 120.0, interval: float = 0.2, what: Any = "") -> Any:
+    """`predicate()` once it is true, polling up to `timeout` s; `what` (or what it returns,
+    when callable: the state to show) is said when it never was."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            said = what() if callable(what) else what or predicate
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {said}")
+        time.sleep(interval)
+
+
+def _stop_group(proc: subprocess.Popen, wait: float = 20.0) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=wait)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # what its workers left
+    proc.wait()
+
+
+class Server:
+    """`mlflow server` on a SQLite file and a local artifact folder it serves, at a fixed
+    port: stopped and started again, it is the same server."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.port = folder, free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.log = folder / "server.log"
+
+    def start(self) -> None:
+        mlflow = Path(sys.executable).with_name("mlflow")
+        command = [str(mlflow) if mlflow.exists() else "mlflow", "server",
+                   "--backend-store-uri", f"sqlite:///{self.folder / 'mlflow.db'}",
+                   "--artifacts-destination", str(self.folder / "artifacts"),
+                   "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, cwd=self.folder,
+                                         start_new_session=True)
+        wait_for(self.healthy, HEALTH_WAIT, 0.25, f"the MLflow server ({self.log})")
+
+    def healthy(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"mlflow server exited: {self.log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as answer:
+                return answer.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop_group(self.proc)
+            self.proc = None
+
+
+class MirrorProcess:
+    """`gridrun mirror mlflow --follow` on a root, its stdout and stderr in files."""
+
+    def __init__(self, root: Path, uri: str, every: float = 0.5) -> None:
+        self.out, self.err = root.parent / "mirror.out", root.parent / "mirror.err"
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gridrun", "mirror", "mlflow", "--follow", "--every",
+                 str(every), "--root", str(root), "--tracking-uri", uri],
+                stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+        wait_for(lambda: "mirroring the runs" in self.stdout() or self.proc.poll() is not None,
+                 120, what="the mirror to start")
+        assert self.proc.poll() is None, self.stdout() + self.stderr()
+
+    def stdout(self) -> str:
+        return self.out.read_text()
+
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+    def stop(self) -> int:
+        """SIGTERM, as a service manager stops it: its exit code."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        finally:
+            _stop_group(self.proc, wait=1)
+
+
+# ---- what MLflow holds ---------------------------------------------------------------------
+
+
+def mlflow_runs(client: Any, experiment: str) -> list[Any]:
+    from mlflow.entities import ViewType
+
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return []
+    return list(client.search_runs([found.experiment_id], run_view_type=ViewType.ALL,
+                                   max_results=1000))
+
+
+def expected_params(config: dict) -> dict[str, str]:
+    """The resolved config, flat: strings as they are, other values as JSON."""
+    flat = {"task": config["task"], **config["trainer"], **config["task_args"]}
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in flat.items()}
+
+
+def expected_points(metrics: Path) -> dict[str, list[tuple[int, float]]]:
+    """metrics.jsonl's values, per MLflow metric, as (step, value)."""
+    from gridrun.analysis.tensorboard import scalars
+    from gridrun.runs import runlog
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for line in runlog.read_all(metrics):
+        for key, value in scalars(line):
+            out.setdefault(key, []).append((line["step"], value))
+    return out
+
+
+MLFLOW_STATUS = {"running": "RUNNING", "completed": "FINISHED", "stopped": "FINISHED",
+                 "failed": "FAILED", "diverged": "FAILED", "oom": "FAILED",
+                 "cancelled": "KILLED", "queued": "SCHEDULED", "waiting": "SCHEDULED",
+                 "interrupted": "SCHEDULED"}
+
+
+def difference(client: Any, root: Path, runs: list[Any]) -> str | None:
+    """The first way MLflow differs from the runs' records (store rows), or None."""
+    from gridrun.runs import layout, states
+
+    by_id: dict[str, list[Any]] = {}
+    for experiment in {r.experiment for r in runs}:
+        for m in mlflow_runs(client, experiment):
+            if "gridrun.run_id" in m.data.tags:
+                by_id.setdefault(m.data.tags["gridrun.run_id"], []).append(m)
+    for run in runs:
+        found = by_id.get(run.id, [])
+        if len(found) != 1:
+            return f"{run.id}: {len(found)} MLflow runs"
+        m = found[0]
+        if m.data.params != expected_params(dict(run.config)):
+            return f"{run.id}: params {m.data.params}"
+        tags = m.data.tags
+        if (tags.get("gridrun.status"), m.info.status) != (run.status, MLFLOW_STATUS[run.status]):
+            return f"{run.id}: status {tags.get('gridrun.status')} {m.info.status}, not {run.status}"
+        want = expected_points(run.run_dir(root) / layout.METRICS)
+        if set(m.data.metrics) != set(want):
+            return f"{run.id}: metrics {sorted(m.data.metrics)}, not {sorted(want)}"
+        for key, points in want.items():
+            got = [(p.step, p.value) for p in client.get_metric_history(m.info.run_id, key)]
+            if sorted(got) != sorted(points) or not all(math.isfinite(v) for _, v in got):
+                return f"{run.id}: {key} {got[:5]}... not {points[:5]}..."
+        if run.status in states.FINISHED:
+            summary = json.loads((run.run_dir(root) / layout.SUMMARY).read_text())
+            if tags.get("gridrun.weights_sha256") != summary["weights_sha256"]:
+                return f"{run.id}: weights tag {tags.get('gridrun.weights_sha256')}"
+            if {k: int(tags.get(f"gridrun.seeds.{k}", -1)) for k in summary["randomness"]["seeds"]} \
+                    != summary["randomness"]["seeds"]:
+                return f"{run.id}: seed tags {tags}"
+            files = {a.path for a in client.list_artifacts(m.info.run_id)}
+            if not {"config.toml", "summary.json"} <= files:
+                return f"{run.id}: artifacts {files}"
+            with tempfile.TemporaryDirectory() as tmp:  # as it is now (a stopped trial's is restated)
+                sent = json.loads(Path(client.download_artifacts(m.info.run_id, "summary.json",
+                                                                 tmp)).read_text())
+            if sent != summary:
+                return f"{run.id}: summary.json in MLflow says {sent.get('status')}"
+    return None
+
+
+def points_held(client: Any, experiment: str) -> tuple[int, int]:
+    """(MLflow runs, metric points) of an experiment."""
+    runs = mlflow_runs(client, experiment)
+    return len(runs), sum(len(client.get_metric_history(r.info.run_id, key))
+                          for r in runs for key in r.data.metrics)
