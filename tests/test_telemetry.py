@@ -13,8 +13,10 @@ class NVMLError(Exception):
     pass
 
 
-def fake_nvml(count=2, broken=(), init_error=False):
-    """A module with pynvml's real names; functions named in `broken` raise NVMLError."""
+def fake_nvml(count=2, broken=(), init_error=False, procs=None):
+    """A module with pynvml's real names; functions named in `broken` raise NVMLError.
+    `procs`: {GPU index: [(pid, usedGpuMemory or None)]}, the compute processes each GPU
+    lists (by default pid 100 + index with 1 GiB on each)."""
     m = types.ModuleType("pynvml")
     m.NVMLError = NVMLError
     m.NVML_TEMPERATURE_GPU = 0
@@ -46,8 +48,12 @@ def fake_nvml(count=2, broken=(), init_error=False):
     fn("nvmlDeviceGetPowerUsage", lambda h: 312_500)  # milliwatts
     fn("nvmlDeviceGetTemperature", lambda h, sensor: 64)
     fn("nvmlDeviceGetClockInfo", lambda h, clock: 1980)
+    if procs is None:
+        procs = {i: [(100 + i, 1 << 30)] for i in range(count)}
     fn("nvmlDeviceGetComputeRunningProcesses",
-       lambda h: [types.SimpleNamespace(pid=100 + int(h[1:]), usedGpuMemory=1 << 30)])
+       lambda h: [types.SimpleNamespace(pid=pid, usedGpuMemory=mem)
+                  for pid, mem in procs.get(int(h[1:]), [])])
+    fn("nvmlDeviceGetUUID", lambda h: f"GPU-{int(h[1:]):04d}")
     return m
 
 

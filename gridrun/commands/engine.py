@@ -232,15 +232,17 @@ def engine_stop(root: RootOption = DEFAULT_ROOT,
 def engine_status(root: RootOption = DEFAULT_ROOT,
                   as_json: Annotated[bool, typer.Option(
                       "--json", help="One JSON object: running, starting, pid, responding, "
-                      "heartbeat_age, paused, counts, log.")] = False) -> None:
-    """Whether the engine runs, and the queue's counts."""
-    from gridrun.engine import daemon
+                      "heartbeat_age, paused, counts, log, foreign_gpus.")] = False) -> None:
+    """Whether the engine runs, the queue's counts, and why queued runs wait (threads,
+    slots, GPUs other users' processes take)."""
+    from gridrun.engine import daemon, foreign
 
     with _reader(root) as store:
         st = daemon.status(root, store=store)
         counts, paused = store.counts(), store.paused
         cap = store.get_state("cpu_cap") if st.running else None  # scheduler.CPU_CAP
         short = store.get_state("slots_wait") if st.running else None  # scheduler.SLOTS_WAIT
+        others = store.get_state(foreign.STATE) if st.running else None  # scheduler.FOREIGN
     cap = cap if isinstance(cap, dict) and counts.get("queued") else None
     short = short if isinstance(short, dict) and counts.get("queued") else None
     if as_json:
@@ -248,7 +250,8 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
                                "responding": st.responding, "heartbeat_age": st.heartbeat_age,
                                "waiting_for_space": st.waiting_for_space, "free_bytes": st.free_bytes,
                                "state": st.state, "paused": paused, "counts": counts,
-                               "log": str(st.log), "cpu_cap": cap, "slots_wait": short}))
+                               "log": str(st.log), "cpu_cap": cap, "slots_wait": short,
+                               "foreign_gpus": others}))
         return
     state = "not running" if not st.running else (
         f"starting its backend (pid {st.pid})" if st.starting else f"running (pid {st.pid})")
@@ -269,6 +272,10 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
         from gridrun.engine.placement import slots_wait_note
 
         typer.echo(slots_wait_note(short))
+    for line in foreign.gpu_lines(others):  # GPUs other users' processes take
+        typer.echo(line)
+    if counts.get("queued") and (line := foreign.waits_line(others)):
+        typer.echo(line)
 
 
 def waiting_text(st) -> str:
@@ -289,16 +296,19 @@ def ls(root: RootOption = DEFAULT_ROOT,
                                                      metavar="NAME")] = None) -> None:
     """List runs in queue order."""
     from gridrun.commands.follow import run_lines
-    from gridrun.engine import daemon
+    from gridrun.engine import daemon, foreign
     from gridrun.runs import states
 
     if status is not None and status not in states.ALL:
         fail(f"unknown status {status!r}: choose one of {', '.join(states.ALL)}")
     with _reader(root) as store:
         runs = store.list_runs(status=status, experiment=experiment)
-    st = daemon.status(root, heartbeat=False)
+        st = daemon.status(root, heartbeat=False)
+        others = store.get_state(foreign.STATE) if st.running else None  # scheduler.FOREIGN
     if st.waiting_for_space:
         typer.echo(f"engine: {waiting_text(st)}", err=True)
+    for line in foreign.gpu_lines(others):  # GPUs other users' processes take: no run starts there
+        typer.echo(line, err=True)
     paused = ("paused: the disk is full; back to the queue (resumes from its checkpoint) "
               "once there is space")
     if as_json:

@@ -9,6 +9,7 @@ slots, telemetry, and the backends (local, ray, slurm) that launch each run.
     search     a search's rung results and decisions kept in the store, then carried out
     diskspace  the "waiting for disk space" state: no launch, retry, resume by itself
     telemetry  GPU and CPU samples (NVML behind one module that never raises)
+    foreign    others' processes on the GPUs: which GPUs are taken, and the lines that say so
     backends/  launch a run on a slot, stream its events, cancel it
 
 Imports `gridrun.train` (the worker a backend runs), `gridrun.runs` and

@@ -11,6 +11,8 @@ carries the plan out.
   kept for it.
 - A run that can never start on these slots (more devices than slots, or than
   distinct GPUs) holds nothing back: it is refused with one line saying what to do.
+- The slots of a GPU others take (`avoid`, engine/foreign.py) are offered to no run;
+  runs already there go on.
 
 Where a slot is a job or a task (SLURM, Ray) the scheduler asks for one slot a run:
 the job asks SLURM for the run's devices, and Ray refuses them (`base.Refused`).
@@ -18,12 +20,13 @@ the job asks SLURM for the run's devices, and Ray refuses them (`base.Refused`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gridrun.engine.backends.base import Slot, gang
 from gridrun.engine.backends.slots import fits
+from gridrun.train import threads
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Plan:
     refused: list[tuple[str, str]] = field(default_factory=list)  # run id, the line it fails with
     cap: dict[str, Any] | None = None  # the first run's threads do not fit (scheduler.CPU_CAP)
     short: dict[str, Any] | None = None  # too few free slots for the first run (SLOTS_WAIT)
+    taken: dict[str, Any] | None = None  # the first run would start on GPUs others take (FOREIGN)
 
 
 def gpu_of(slot: Slot) -> Any:
@@ -86,11 +90,13 @@ def free_units(free: Sequence[Slot]) -> int:
 
 
 def plan(queue: Iterable[Want], slots: Sequence[Slot], used: Iterable[str],
-         holding: Iterable[int], cores: int) -> Plan:
+         holding: Iterable[int], cores: int, avoid: Collection[Any] = ()) -> Plan:
     """The runs of `queue` (in queue order) that start now on the free slots, those
-    refused for good, and why the first one left waits (its slots or its threads)."""
+    refused for good, and why the first one left waits (its slots, its threads, or
+    GPUs others take). `avoid`: the GPUs (`gpu_of` a slot) no new run starts on."""
     used = set(used)
-    free = [s for s in slots if s.name not in used]
+    unused = [s for s in slots if s.name not in used]
+    free = [s for s in unused if gpu_of(s) is None or gpu_of(s) not in avoid]
     holding = list(holding)
     out = Plan()
     for want in queue:
@@ -104,6 +110,9 @@ def plan(queue: Iterable[Want], slots: Sequence[Slot], used: Iterable[str],
                 gpus = any(gpu_of(s) is not None for s in slots)
                 out.short = {"run_id": want.run_id, "devices": want.devices,
                              "free": free_units(free), "unit": "GPUs" if gpus else "slots"}
+            if len(unused) > len(free) and pick(unused, want.devices) is not None:
+                out.taken = {"run_id": want.run_id, "gpus": list(dict.fromkeys(
+                    s.name.partition(".")[0] for s in unused if s not in free))}
             break
         need = want.devices * want.threads
         if need and not fits(holding, need, cores):
@@ -112,8 +121,33 @@ def plan(queue: Iterable[Want], slots: Sequence[Slot], used: Iterable[str],
             break
         out.starts.append((want.run_id, gang(chosen)))
         free = [s for s in free if s not in chosen]
+        unused = [s for s in unused if s not in chosen]
         holding.append(need)
     return out
+
+
+def devices_wanted(config: Any, local: bool) -> int:
+    """The slots a run takes at once: its `devices` on this machine's slots (`local`: the
+    local backend); one where a slot is a job or a task (SLURM's job asks for the devices)."""
+    if not local:
+        return 1
+    try:
+        return max(1, int(((config or {}).get("trainer") or {}).get("devices", 1)))
+    except (TypeError, ValueError):
+        return 1
+
+
+def threads_held(config: Any, slot: Slot | None, cores: int) -> int:
+    """The CPU threads a run holds on `slot` of this machine: its resolved `threads` on a
+    CPU slot, once per member of a gang, else 0 (a GPU slot)."""
+    if slot is None or slot.gpu is not None:
+        return 0
+    trainer = (config or {}).get("trainer") or {}
+    try:
+        each = threads.resolve(trainer.get("threads", threads.AUTO), gpu=False, cores=cores)
+    except (TypeError, ValueError):
+        each = cores
+    return each * len(slot.parts)
 
 
 def recovered(slots: Sequence[Slot], used: Iterable[str], stored: str | None,

@@ -21,11 +21,13 @@ from gridrun.engine import placement
 from gridrun.engine.backends.base import Backend, Exited, Refused, Slot
 from gridrun.engine.diskspace import DiskSpace
 from gridrun.engine.endings import Active, Endings, folder_id
+from gridrun.engine.foreign import STATE as FOREIGN  # the GPUs others' processes take, or None
+from gridrun.engine.foreign import Watch, gpu_lines
 from gridrun.engine.search import Searches
 from gridrun.runs import layout, space, states
 from gridrun.runs.store import FOREGROUND, Run, Store
 from gridrun.spec import write_run_config
-from gridrun.train import threads as run_threads
+from gridrun.train import threads as run_threads  # usable_cores
 
 log = logging.getLogger("gridrun.engine")
 
@@ -44,14 +46,18 @@ class Engine(Endings):
                  telemetry_every: float = 1.0, processes_every: float = 5.0,
                  space_retry: float = 2.0, space_margin: int = space.RESUME_MARGIN,
                  announce: Callable[[dict[str, Any]], None] | None = None,
-                 thread_budget: bool = True, cores: int | None = None):
+                 thread_budget: bool = True, cores: int | None = None,
+                 foreign: str | None = None):
         self.root = Path(root)
         # CPU runs on this machine start only while their threads fit the usable cores
         # (`thread_budget = False`: every free slot, as before; the benchmark's baseline)
         self.thread_budget = thread_budget
         self.cores = cores or run_threads.usable_cores()
-        self._said: dict[str, Any] = {}  # what CPU_CAP, SLOTS_WAIT say (absent: clear a stale one)
+        self._said: dict[str, Any] = {}  # what CPU_CAP, SLOTS_WAIT, FOREIGN say (absent: clear)
         self.store = store or Store(root)
+        # a GPU others compute on: `foreign` as given, else as the [engine] table says
+        policy = foreign or (self.store.get_state("engine_config") or {}).get("foreign")
+        self.others = Watch(policy)
         self.backend, self.slots, self.telemetry = backend, slots, telemetry
         self.tick, self.backoff = tick, backoff
         self.cancel_grace, self.stop_grace = cancel_grace, stop_grace
@@ -62,7 +68,6 @@ class Engine(Endings):
         self._next_processes = 0.0
         self._next_heartbeat = 0.0
         self._next_foreground = 0.0
-        self._processes: list = []
         # a full disk: launch nothing, keep the endings that could not be recorded
         self.space = DiskSpace(self.root, announce=announce, retry_every=space_retry,
                                margin=space_margin)
@@ -93,8 +98,8 @@ class Engine(Endings):
             if until_idle and not self.stopping and self.idle():
                 log.info("nothing queued or running: stopping (--until-idle)")
                 self.request_stop()
-        self._say(CPU_CAP, None)
-        self._say(SLOTS_WAIT, None)
+        for key in (CPU_CAP, SLOTS_WAIT, FOREIGN):
+            self._say(key, None)
         self.backend.close()
 
     def request_stop(self) -> None:
@@ -273,35 +278,20 @@ class Engine(Endings):
     # ---- launching --------------------------------------------------------------
 
     def slots_wanted(self, run: Run) -> int:
-        """The slots `run` takes at once: its `devices` on this machine's slots (the local
-        backend); one where a slot is a job or a task (SLURM's job asks for the devices)."""
-        if getattr(self.backend, "name", "") != "local":
-            return 1
-        try:
-            return max(1, int(((run.config or {}).get("trainer") or {}).get("devices", 1)))
-        except (TypeError, ValueError):
-            return 1
+        """The slots `run` takes at once (placement.devices_wanted)."""
+        return placement.devices_wanted(run.config, getattr(self.backend, "name", "") == "local")
 
     def cpu_threads(self, run: Run, slot: Slot | None) -> int:
-        """The CPU threads `run` holds on `slot`: its resolved `threads` on a CPU slot
-        of this machine (the local backend), once per member of a gang, else 0 (a GPU
-        slot, a cluster's node)."""
-        if not self.thread_budget or slot is None or slot.gpu is not None \
-                or getattr(self.backend, "name", "") != "local":
-            return 0
-        trainer = (run.config or {}).get("trainer") or {}
-        try:
-            each = run_threads.resolve(trainer.get("threads", run_threads.AUTO), gpu=False,
-                                       cores=self.cores)
-        except (TypeError, ValueError):
-            each = self.cores
-        return each * len(slot.parts)
+        """The CPU threads `run` holds on `slot` (placement.threads_held; 0 without the budget)."""
+        local = self.thread_budget and getattr(self.backend, "name", "") == "local"
+        return placement.threads_held(run.config, slot, self.cores) if local else 0
 
     def _say(self, key: str, value: dict[str, Any] | None) -> None:
-        """Keep CPU_CAP and SLOTS_WAIT current for `engine status` (written when they change)."""
+        """Keep CPU_CAP, SLOTS_WAIT, FOREIGN current for `engine status` (written when they
+        change; FOREIGN is logged as it is sampled)."""
         if key in self._said and self._said[key] == value:
             return
-        if value is not None and not isinstance(self._said.get(key), dict):
+        if value is not None and not isinstance(self._said.get(key), dict) and key != FOREIGN:
             if key == CPU_CAP:
                 log.info("threads cap CPU runs: %s needs %d threads, %d of %d usable cores "
                          "are taken", value["run_id"], value["threads"], value["holding"],
@@ -318,6 +308,7 @@ class Engine(Endings):
         for runs on several devices, the threads budget), fail what can never start."""
         if self.store.paused:
             return
+        self.sample_processes(time.monotonic())  # who else computes on the GPUs, first
         used = self._used()
         free = [s for s in self.slots if s.name not in used]
         if free and self.space.short_of_space() and self.store.next_queued(1):
@@ -327,7 +318,7 @@ class Engine(Endings):
         wants = [placement.Want(r.id, self.slots_wanted(r),
                                 self.cpu_threads(r, free[0]) if free else 0) for r in queue]
         plan = placement.plan(wants, self.slots, used, [a.threads for a in self.active.values()],
-                              self.cores)
+                              self.cores, avoid=self.others.avoid())
         runs = {r.id: r for r in queue}
         for run_id, why in plan.refused:
             log.error("%s can never start here: %s", run_id, why)
@@ -339,6 +330,7 @@ class Engine(Endings):
             self._start(runs[run_id], slot)  # one that fails leaves its slots to the next step
         self._say(CPU_CAP, plan.cap)
         self._say(SLOTS_WAIT, plan.short)
+        self._say(FOREIGN, self.others.state(plan.taken))
 
     def _start(self, run: Run, slot: Slot) -> None:
         need = self.cpu_threads(run, slot)
@@ -422,10 +414,22 @@ class Engine(Endings):
     def _sample(self, now: float) -> None:
         sample = self.telemetry.sample()
         sample = sample.to_dict() if hasattr(sample, "to_dict") else dict(sample)
-        if now >= self._next_processes:
-            self._next_processes = now + self.processes_every
-            by_pid = {a.handle.pid: a.run_id for a in self.active.values()}
-            self._processes = [{"pid": pid, "gpu": gpu, "run_id": by_pid.get(pid)}
-                               for pid, gpu in self.telemetry.processes().items()]
-        sample["processes"] = self._processes
+        self.sample_processes(now)
+        sample["processes"] = self.others.listed
         self.store.record_telemetry(sample, t=sample.get("t"))
+
+    def sample_processes(self, now: float) -> None:
+        """Every `processes_every` s: the processes on the GPUs, whose run each is, and
+        the GPUs others take (engine/foreign.py; logged when that changes)."""
+        if self.telemetry is None or now < self._next_processes:
+            return
+        self._next_processes = now + self.processes_every
+        runs = {a.handle.pid: a.run_id for a in self.active.values()}
+        held = {p.gpu for a in self.active.values() if a.slot for p in a.slot.parts}
+        keys = {g for s in self.slots if (g := placement.gpu_of(s)) is not None}
+        try:
+            if self.others.sample(self.telemetry, runs, keys, held):
+                for line in gpu_lines(self.others.state()) or ["no GPU is taken by others"]:
+                    log.info("%s", line)
+        except Exception:  # telemetry never stops the engine
+            log.debug("could not sample the GPUs' processes", exc_info=True)

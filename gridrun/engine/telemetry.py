@@ -1,6 +1,7 @@
 """GPU and system sampling: one NVML sampler that never raises.
 
 The engine calls `Telemetry.sample()` about once a second and `processes()`
+(and `gpu_processes()`: each one's GPU memory and user, engine/foreign.py reads them)
 every few seconds, and stores `Sample.to_dict()`. Any missing piece (no
 `pynvml`, no driver, no GPU, an NVML call a device does not support) becomes
 None for that field, shown as "n/a"; CPU and RAM come from psutil whatever
@@ -49,6 +50,17 @@ class Sample:
     def from_dict(cls, d: dict[str, Any]) -> Sample:
         return cls(t=d["t"], gpus=[GpuSample(**g) for g in d.get("gpus", [])],
                    system=SystemSample(**d.get("system", {})))
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A compute process on a GPU: NVML's pid and memory, psutil's user."""
+
+    pid: int
+    gpu: int  # NVML's index
+    mem_bytes: int | None = None  # NVML's usedGpuMemory; None when it does not say
+    user: str = "?"  # psutil's username; "?" when it cannot be read (another PID namespace)
+    uuid: str | None = None  # the GPU's ("GPU-..."), to match a slot given by UUID
 
 
 def show(value: Any, unit: str = "") -> str:
@@ -142,7 +154,25 @@ class Telemetry:
 
     def processes(self) -> dict[int, int]:
         """{pid: GPU index} of the compute processes on every GPU ({} without NVML)."""
-        out: dict[int, int] = {}
+        return {pid: index for index, _, pid, _ in self._listed()}
+
+    def gpu_processes(self) -> list[GpuProcess]:
+        """The compute processes on every GPU, each with its GPU memory and user ([]
+        without NVML); a process on two GPUs is listed on each."""
+        out = []
+        uuids: dict[int, Any] = {}
+        for index, h, pid, p in self._listed():
+            if index not in uuids:
+                uuid = _guard(lambda h=h: self._nvml.nvmlDeviceGetUUID(h))
+                uuids[index] = uuid.decode(errors="replace") if isinstance(uuid, bytes) else uuid
+            mem = _guard(lambda p=p: int(p.usedGpuMemory))  # None: NVML_VALUE_NOT_AVAILABLE
+            out.append(GpuProcess(pid, index, mem if mem is not None and 0 <= mem < 1 << 63 else None,
+                                  self._user(pid), uuids[index] if isinstance(uuids[index], str) else None))
+        return out
+
+    def _listed(self) -> list[tuple[int, Any, int, Any]]:
+        """(GPU index, handle, pid, NVML's record) of each compute process."""
+        out: list[tuple[int, Any, int, Any]] = []
         if self._nvml is None:
             return out
         for index, h in enumerate(self._handles):
@@ -150,8 +180,13 @@ class Telemetry:
             for p in procs or []:
                 pid = _guard(lambda p=p: int(p.pid))
                 if pid is not None:
-                    out[pid] = index
+                    out.append((index, h, pid, p))
         return out
+
+    def _user(self, pid: int) -> str:
+        ps = self._psutil
+        name = _guard(lambda: ps.Process(pid).username()) if ps is not None else None
+        return name if isinstance(name, str) and name else "?"
 
     def close(self) -> None:
         if self._nvml is not None:

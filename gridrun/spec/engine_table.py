@@ -12,7 +12,12 @@ from gridrun.spec.keys import suggest_key
 from gridrun.spec.model import EngineConfig
 
 BACKENDS = ("local", "ray", "slurm")
-LOCAL_KEYS = ("gpus", "runs_per_gpu", "cpu_slots", "backend", "ray_address")
+# a GPU where another user's process computes (engine/foreign.py): no new run starts
+# there ("avoid"), or runs start there beside it ("share")
+FOREIGN = ("avoid", "share")
+FOREIGN_WORDS = {"allow": "share", "use": "share", "beside": "share", "exclude": "avoid",
+                 "skip": "avoid", "free": "avoid"}  # what a person may write for one of them
+LOCAL_KEYS = ("gpus", "runs_per_gpu", "cpu_slots", "foreign", "backend", "ray_address")
 SLURM_KEYS = ("partition", "gpus_per_run", "cpus_per_run", "mem", "time", "account", "qos",
               "constraint", "max_jobs", "runs_per_job", "slurm_args")
 NAMES = LOCAL_KEYS + SLURM_KEYS
@@ -69,6 +74,12 @@ def _check(key: str, value: Any) -> tuple[Any, str | None, str | None]:
         if value in BACKENDS:
             return value, None, None
         return None, " or ".join(f'"{b}"' for b in BACKENDS), suggest_key(str(value), BACKENDS)
+    if key == "foreign":
+        if value in FOREIGN:
+            return value, None, None
+        return (None, '"avoid" (no new run on a GPU where another user\'s process computes) or '
+                '"share" (runs start there beside it)',
+                suggest_key(str(value), FOREIGN) or FOREIGN_WORDS.get(str(value).lower()))
     if key == "ray_address":
         if isinstance(value, str) and value:
             return value, None, None

@@ -143,6 +143,7 @@ class EngineConfig:
     gpus: str | tuple[int, ...] = "auto"
     runs_per_gpu: int = 1
     cpu_slots: int = 2
+    foreign: str = "avoid"  # a GPU another user computes on: "avoid" it or "share" it
     backend: str = "local"
     ray_address: str = "auto"
     # backend = "slurm" (backends/slurm.py); None leaves it to the cluster's defaults

@@ -56,6 +56,8 @@ class GpuRow:
     temp: float | None = None  # celsius
     runs: tuple[str, ...] = ()
     history: tuple[float, ...] = ()  # utilisation over the last minute
+    others: tuple[str, ...] = ()  # other users' processes taking it: "alice 20.0 GiB"
+    shared: bool = False  # [engine] foreign = "share": new runs start there anyway
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ from gridrun.tui.source import (
 )
 from gridrun.tui.store_tables import StoreTables
 
+FOREIGN = "foreign_gpus"  # the engine's store state: GPUs other users' processes take (engine/foreign.py)
+
 
 def _row(run: Run) -> RunRow:
     s = Summary.from_json(run.summary) or Summary()  # any JSON may have been stored
@@ -115,6 +117,7 @@ class StoreSource(StoreTables):
         self.live: dict[str, Live] = {}
         self._telemetry_t = 0.0
         self._on_gpus: dict[int, tuple[str, ...]] = {}  # the running runs' GPUs (their slots)
+        self._taken: dict[Any, tuple[bool, tuple[str, ...]]] = {}  # GPUs others take (FOREIGN)
         self._history: dict[str, deque[float]] = {}
         self._engine: EngineState | None = None
         self._first = True  # the first poll warns of an empty store beside run folders
@@ -183,10 +186,12 @@ class StoreSource(StoreTables):
 
     def _machine(self) -> Machine | None:
         """A new telemetry sample, or the runs on its GPUs changed: the machine again."""
-        sample, holders = self.store.latest_telemetry(), self._holders()
-        if sample is None or (sample.t, holders) == (self._telemetry_t, self._on_gpus):
+        sample, holders, taken = self.store.latest_telemetry(), self._holders(), self._others()
+        if sample is None or (sample.t, holders, taken) == (self._telemetry_t, self._on_gpus,
+                                                            self._taken):
             return None
         new, self._telemetry_t, self._on_gpus = sample.t != self._telemetry_t, sample.t, holders
+        self._taken = taken
         d = sample.data
         # a GPU's runs: those whose process the engine saw on it, then those whose slot holds it
         on_gpu: dict[Any, dict[str, None]] = {}
@@ -204,7 +209,9 @@ class StoreSource(StoreTables):
                                util=g.get("util_percent"), mem_used=g.get("mem_used_bytes"),
                                mem_total=g.get("mem_total_bytes"), power=g.get("power_w"),
                                temp=g.get("temperature_c"),
-                               runs=tuple(on_gpu.get(g.get("index"), ())), history=tuple(hist)))
+                               runs=tuple(on_gpu.get(g.get("index"), ())), history=tuple(hist),
+                               others=taken.get(g.get("index"), (False, ()))[1],
+                               shared=taken.get(g.get("index"), (False, ()))[0]))
         system = d.get("system") or {}
         cpu = self._history.setdefault("cpu", deque(maxlen=60))
         if new:
@@ -212,6 +219,26 @@ class StoreSource(StoreTables):
         return Machine(gpus=tuple(gpus), cpu_percent=system.get("cpu_percent"),
                        ram_used=system.get("ram_used_bytes"),
                        ram_total=system.get("ram_total_bytes"), cpu_history=tuple(cpu))
+
+    def _others(self) -> dict[Any, tuple[bool, tuple[str, ...]]]:
+        """GPU index -> (shared, "alice 20.0 GiB" per process) for the GPUs other users'
+        processes take, as the running engine last said (its FOREIGN state)."""
+        if self._engine is None or not self._engine.running:
+            return {}
+        try:
+            state = self.store.get_state(FOREIGN)
+        except Exception:  # a busy or damaged store: the panel goes on without it
+            return {}
+        if not isinstance(state, dict) or not isinstance(state.get("gpus"), list):
+            return {}
+        out = {}
+        for g in state["gpus"]:
+            if isinstance(g, dict) and isinstance(g.get("processes"), list):
+                out[g.get("gpu")] = (state.get("policy") == "share", tuple(
+                    f"{p.get('user') or '?'} " + (f"{m / 2**30:.1f} GiB" if isinstance(
+                        m := p.get("mem_bytes"), int | float) else "memory n/a")
+                    for p in g["processes"] if isinstance(p, dict)))
+        return out
 
     def _folder(self, run_id: str) -> Path:
         row = self.rows.get(run_id)

@@ -53,7 +53,8 @@ def slots_for(config: Any, gpus_available: int | None = None,
               env: Mapping[str, str] | None = None) -> list[Slot]:
     """Slots from an EngineConfig: each GPU times runs_per_gpu, or cpu_slots without GPUs.
     `gpus = "auto"` means the inherited GPUs when there are (each run gets one of those
-    ids, never another), else all `gpus_available` (NVML's count)."""
+    ids, never another), else all `gpus_available` (NVML's count); a GPU where another
+    user's process computes gets no new run while it does (engine/foreign.py)."""
     per = max(1, int(config.runs_per_gpu))
     gpus: list[tuple[int, str | None]]
     if config.gpus != "auto":

@@ -68,8 +68,13 @@ class MachinePanel(Static):
             power = "" if g.power is None else f" {g.power:.0f}W"
             temp = "" if g.temp is None else f" {g.temp:.0f}°C"
             runs = f"  {', '.join(g.runs)}" if g.runs else ""
-            lines.append(f"gpu{g.index} {g.name[:18]:<18} {util} {fmt.sparkline(g.history, width)} "
-                         f"{fmt.size(g.mem_used)}/{fmt.size(g.mem_total)}{power}{temp}{runs}")
+            # other users' processes: no new run starts there (unless [engine] foreign = "share");
+            # the history gives way so that the line, cut at the panel's width, still says it
+            others = f"  {'shared with' if g.shared else 'taken by'} {', '.join(g.others)}" \
+                if g.others else ""
+            spark = fmt.sparkline(g.history, max(10, width - len(others)) if others else width)
+            lines.append(f"gpu{g.index} {g.name[:18]:<18} {util} {spark} "
+                         f"{fmt.size(g.mem_used)}/{fmt.size(g.mem_total)}{power}{temp}{others}{runs}")
         if not m.gpus:
             cpu = "n/a" if m.cpu_percent is None else f"{m.cpu_percent:3.0f}%"
             lines.append(f"cpu {cpu} {fmt.sparkline(m.cpu_history, width)}  "
