@@ -235,3 +235,14 @@ def test_plan_refuses_devices_that_do_not_divide_accumulate_with_file_and_line(t
     with pytest.raises(SpecError) as err:
         load_runs(path)
     assert f"{path}:7:" in str(err.value) and "Ray backend" in str(err.value)
+
+
+def test_a_grid_over_devices_of_an_invariant_run_is_one_run_and_says_why(tmp_path):
+    path = tmp_path / "experiments.toml"
+    path.write_text('[experiments.wide]\ntask = "spirals"\naccumulate = 2\nreduce = "invariant"\n\n'
+                    '[experiments.wide.grid]\ndevices = [1, 2]\n')
+    with pytest.raises(SpecError) as err:
+        load_runs(path)
+    assert ("'devices=1' and 'devices=2' (seed 0); remove one (devices is not part of the run "
+            "id: how a run executes, not what it computes; under reduce = \"invariant\" the "
+            "device count changes no bit)") in str(err.value)

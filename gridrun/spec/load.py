@@ -151,6 +151,18 @@ def _check_devices(c: Checker, exp: str, runs: list[RunSpec], engine: EngineConf
             return
 
 
+def _why_same(a: RunSpec, b: RunSpec) -> str:
+    """Why two cells that differ are one run: the keys they differ in are not in the run id."""
+    keys = [k for k in dict.fromkeys([*a.trainer, *b.trainer]) if a.trainer.get(k) != b.trainer.get(k)]
+    if not keys:
+        return ""
+    why = (f" ({', '.join(keys)} {'is' if len(keys) == 1 else 'are'} not part of the run id: "
+           "how a run executes, not what it computes")
+    if "devices" in keys and a.trainer.get("reduce") == "invariant":
+        why += "; under reduce = \"invariant\" the device count changes no bit"
+    return why + ")"
+
+
 def _expand_all(c: Checker, experiments: list[ExperimentSpec],
                 engine: EngineConfig | None = None) -> list[RunSpec]:
     runs = []
@@ -161,8 +173,8 @@ def _expand_all(c: Checker, experiments: list[ExperimentSpec],
         for run in exp_runs:
             if run.id in seen:
                 c.add(f"two cells resolve to the same config: {seen[run.id].variant or 'baseline'!r} "
-                      f"and {run.variant or 'baseline'!r} (seed {run.seed}); remove one",
-                      "experiments", exp.name, experiment=exp.name)
+                      f"and {run.variant or 'baseline'!r} (seed {run.seed}); remove one"
+                      + _why_same(seen[run.id], run), "experiments", exp.name, experiment=exp.name)
                 break
             seen[run.id] = run
         runs.extend(exp_runs)
