@@ -246,3 +246,29 @@ def test_a_grid_over_devices_of_an_invariant_run_is_one_run_and_says_why(tmp_pat
     assert ("'devices=1' and 'devices=2' (seed 0); remove one (devices is not part of the run "
             "id: how a run executes, not what it computes; under reduce = \"invariant\" the "
             "device count changes no bit)") in str(err.value)
+
+
+def test_a_rank_dying_under_gridrun_train_leaves_the_run_queued_and_it_resumes(lab):
+    root = lab / "runs"
+    (lab / "wide.toml").write_text(
+        '[experiments.wide]\ntask = "userlab.dropcnn:make"\nstep_sleep = 0.05\nepochs = 2\n'
+        'batch_size = 16\naccumulate = 2\nthreads = 1\ndevices = 2\nreduce = "invariant"\n'
+        'checkpoint_every = 2\nlog_every = 2\n')
+    run = load_runs(lab / "wide.toml")[0]
+    cli = [sys.executable, "-m", "gridrun", "train", str(lab / "wide.toml"), "--root", str(root)]
+    proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = layout.run_dir(root, run.experiment, run.id)
+    wait_for(lambda: steps_logged(root, run) >= 4 or proc.poll() is not None, timeout=240)
+    victims = ranks_of(run_dir)
+    assert len(victims) == 1
+    os.kill(victims[0].pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == states.EXIT_RANK_DIED, out
+    assert "rank 1 of 2 died (signal 9): the run stops and resumes from its last checkpoint" in out
+    with Store(root) as store:
+        row = store.list_runs(ids=[run.id])[0]
+    assert row.status == states.QUEUED
+    assert row.note.startswith("rank 1 of 2 died (signal 9) in the foreground; `gridrun train`")
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "resumed from step" in done.stdout

@@ -204,6 +204,23 @@ def hold_lock(run_dir: Path, pid: int, start_time: float | None) -> int | None:
     return None
 
 
+@contextlib.contextmanager
+def rank_deaths_recorded(root: Path, run_id: str, run_dir: Path, pid: int) -> Iterator[None]:
+    """A multi-device run whose rank dies ends this process at once (train/world.py): its
+    end is recorded first, back in the queue, and said on the terminal."""
+    from gridrun.runs import states
+    from gridrun.train import world
+
+    def record(line: str) -> None:
+        record_end(root, run_id, run_dir, pid, states.EXIT_RANK_DIED, by=line.split(":")[0])
+
+    world.before_exit.append(record)
+    try:
+        yield
+    finally:
+        world.before_exit.remove(record)
+
+
 def record_end(root: Path, run_id: str, run_dir: Path, pid: int, code: int | None,
                error: str | None = None, by: str | None = None) -> str:
     """The run's ending in the store, as the engine records one; what to print."""
@@ -215,7 +232,12 @@ def record_end(root: Path, run_id: str, run_dir: Path, pid: int, code: int | Non
     s = summary or Summary()
     fields = {"ended_at": time.time(), "summary": summary.to_json() if summary else None,
               "fresh": False}
-    if code == states.EXIT_NO_SPACE:
+    if code == states.EXIT_RANK_DIED:
+        # the machine's doing, not the run's: it waits for `gridrun train` or the engine
+        status = states.QUEUED
+        fields = {"note": f"{by or 'a rank died'} in the foreground; `gridrun train` or the "
+                          "engine resumes it from its last checkpoint", "fresh": False}
+    elif code == states.EXIT_NO_SPACE:
         # paused for want of space, never failed: the engine (or `gridrun train`) resumes it
         status = states.QUEUED
         fields = {"note": "paused: the disk was full; resumes from its last good checkpoint "
@@ -259,7 +281,9 @@ def register(app: typer.Typer) -> None:
         the store while it trains (slot `fg`: `gridrun ls` and the interface show
         it; the engine leaves it alone). The exit code tells completed (0),
         failed (1), diverged (3), out of memory (4) and interrupted (5) apart;
-        ctrl-c checkpoints, exits 5 and leaves the run cancelled (resumable).
+        ctrl-c checkpoints, exits 5 and leaves the run cancelled (resumable). A
+        run on several devices one of whose ranks dies exits 8, back in the
+        queue.
         What the training prints goes to the terminal and to the run's output.log
         (`gridrun logs`), as an engine run's does.
         """
@@ -296,7 +320,8 @@ def register(app: typer.Typer) -> None:
             try:
                 with outputlog.teed(run_dir / layout.OUTPUT):  # as an engine run's, and on the terminal
                     try:
-                        with answering_signals() as seen:
+                        with answering_signals() as seen, rank_deaths_recorded(
+                                root, chosen.id, run_dir, pid):
                             code = worker.main(run_dir, fresh=start_over)
                     except Stopped as e:
                         end_leftovers()  # before the keeper waits for what holds its pipe

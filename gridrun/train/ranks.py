@@ -7,7 +7,7 @@ train in lock step; only rank 0 writes the run's records. A rank inherits rank 0
 stdout and stderr, so the run keeps one output log.
 
 A rank that dies takes the run down at once: rank 0 watches its children, kills the
-others and exits with EXIT_RANK_DIED, which the engine treats like any process that
+others and exits with states.EXIT_RANK_DIED (world.rank_died), which the engine treats like any process that
 died (back to the queue, resumed from the last checkpoint). Children die with rank 0
 (PR_SET_PDEATHSIG), and every collective has a timeout, so no rank is left waiting.
 """
@@ -22,7 +22,6 @@ import threading
 import time
 from pathlib import Path
 
-from gridrun.runs.states import EXIT_RANK_DIED
 from gridrun.train import world
 
 RENDEZVOUS = ".gridrun-rendezvous-"  # + a name of the launch: a new store each time
@@ -70,10 +69,8 @@ class Gang:
     def _watch(self) -> None:
         while not self.done.wait(0.2):
             if (found := self.dead()) is not None:
-                print(f"{found}: the run stops and resumes from its last checkpoint",
-                      file=sys.stderr, flush=True)
                 self.kill()
-                os._exit(EXIT_RANK_DIED)
+                world.rank_died(found)
 
     def kill(self) -> None:
         for proc in self.children.values():

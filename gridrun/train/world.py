@@ -9,6 +9,7 @@ import contextlib
 import datetime
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,16 +69,28 @@ def which_died() -> str | None:
     return None
 
 
+# called with the one line before this process ends for a dead rank (`gridrun train`
+# records its foreground run's end there: nothing after os._exit would)
+before_exit: list[Callable[[str], None]] = []
+
+
+def rank_died(who: str) -> None:
+    """The run stops here, as a process that died: never a failure of its own."""
+    line = f"{who}: the run stops and resumes from its last checkpoint"
+    print(line, file=sys.stderr, flush=True)
+    for hook in before_exit:
+        with contextlib.suppress(Exception):
+            hook(line)
+    os._exit(EXIT_RANK_DIED)
+
+
 def collective_failed(world: World, exc: BaseException) -> None:
-    """A collective raised (a peer's socket closed, a timeout): a rank is gone. The run
-    stops here, as a died process, never as a failure of its own: nothing is written."""
+    """A collective raised (a peer's socket closed, a timeout): a rank is gone. Nothing
+    is written: the last checkpoint stays the run's."""
     first = str(exc).splitlines()[0] if str(exc) else ""
     print(f"rank {world.rank}: a collective failed: {type(exc).__name__}: {first}",
           file=sys.stderr, flush=True)
-    who = which_died() or "another rank is gone"
-    print(f"{who}: the run stops and resumes from its last checkpoint", file=sys.stderr,
-          flush=True)
-    os._exit(EXIT_RANK_DIED)
+    rank_died(which_died() or "another rank is gone")
 
 
 def peer_gone(exc: BaseException) -> bool:
