@@ -55,17 +55,19 @@ MACHINE = {"rss", "step_time"}
 @pytest.fixture
 def lab(tmp_path, monkeypatch):
     """The user's folder: their task package, the working directory of every process."""
-    (tmp_path / "userlab").mkdir()
-    (tmp_path / "userlab" / "__init__.py").write_text("")
-    (tmp_path / "userlab" / "dropcnn.py").write_text(USER_TASK)
+    (tmp_path / "devlab").mkdir()
+    (tmp_path / "devlab" / "__init__.py").write_text("")
+    (tmp_path / "devlab" / "dropcnn.py").write_text(USER_TASK)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+    yield tmp_path
+    for name in [m for m in sys.modules if m == "devlab" or m.startswith("devlab.")]:
+        del sys.modules[name]  # another test's package of that name must import its own
 
 
 def cell(reduce: str, devices: int, experiment: str = "e", step_sleep: float = 0.0, **trainer):
     args = {"p": 0.3, "train_size": 256, "val_size": 100, "step_sleep": step_sleep}
-    return make_run("userlab.dropcnn:make", experiment=experiment, task_args=args,
+    return make_run("devlab.dropcnn:make", experiment=experiment, task_args=args,
                     **{"epochs": 2, "batch_size": 16, "accumulate": 4, "threads": 1,
                        "log_every": 2, "reduce": reduce, "devices": devices, **trainer})
 
@@ -251,7 +253,7 @@ def test_a_grid_over_devices_of_an_invariant_run_is_one_run_and_says_why(tmp_pat
 def test_a_rank_dying_under_gridrun_train_leaves_the_run_queued_and_it_resumes(lab):
     root = lab / "runs"
     (lab / "wide.toml").write_text(
-        '[experiments.wide]\ntask = "userlab.dropcnn:make"\nstep_sleep = 0.05\nepochs = 2\n'
+        '[experiments.wide]\ntask = "devlab.dropcnn:make"\nstep_sleep = 0.05\nepochs = 2\n'
         'batch_size = 16\naccumulate = 2\nthreads = 1\ndevices = 2\nreduce = "invariant"\n'
         'checkpoint_every = 2\nlog_every = 2\n')
     run = load_runs(lab / "wide.toml")[0]
