@@ -223,31 +223,32 @@ def test_a_killed_rank_ends_the_run_at_once_and_the_engine_resumes_it_exactly(la
     assert not ranks_of(run_dir)
 
 
+def refusal(path: Path, text: str) -> str:
+    """What `plan` says of an experiment file holding `text`."""
+    path.write_text(text)
+    with pytest.raises(SpecError) as err:
+        load_runs(path)
+    return str(err.value)
+
+
 def test_plan_refuses_devices_that_do_not_divide_accumulate_with_file_and_line(tmp_path):
     path = tmp_path / "experiments.toml"
-    path.write_text('[experiments.wide]\ntask = "spirals"\naccumulate = 3\n\n'
-                    '[experiments.wide.grid]\ndevices = [1, 2]\n')
-    with pytest.raises(SpecError) as err:
-        load_runs(path)
-    text = str(err.value)
+    text = refusal(path, '[experiments.wide]\ntask = "spirals"\naccumulate = 3\n\n'
+                         '[experiments.wide.grid]\ndevices = [1, 2]\n')
     assert f"{path}:6:" in text and "devices = 2 does not divide accumulate = 3" in text
     assert "use devices in [1, 3]" in text
-    path.write_text('[engine]\nbackend = "ray"\n\n[experiments.wide]\ntask = "spirals"\n'
-                    'accumulate = 2\ndevices = 2\n')
-    with pytest.raises(SpecError) as err:
-        load_runs(path)
-    assert f"{path}:7:" in str(err.value) and "Ray backend" in str(err.value)
+    text = refusal(path, '[engine]\nbackend = "ray"\n\n[experiments.wide]\ntask = "spirals"\n'
+                         'accumulate = 2\ndevices = 2\n')
+    assert f"{path}:7:" in text and "Ray backend" in text
 
 
 def test_a_grid_over_devices_of_an_invariant_run_is_one_run_and_says_why(tmp_path):
-    path = tmp_path / "experiments.toml"
-    path.write_text('[experiments.wide]\ntask = "spirals"\naccumulate = 2\nreduce = "invariant"\n\n'
-                    '[experiments.wide.grid]\ndevices = [1, 2]\n')
-    with pytest.raises(SpecError) as err:
-        load_runs(path)
+    text = refusal(tmp_path / "experiments.toml",
+                   '[experiments.wide]\ntask = "spirals"\naccumulate = 2\nreduce = "invariant"\n\n'
+                   '[experiments.wide.grid]\ndevices = [1, 2]\n')
     assert ("'devices=1' and 'devices=2' (seed 0); remove one (devices is not part of the run "
             "id: how a run executes, not what it computes; under reduce = \"invariant\" the "
-            "device count changes no bit)") in str(err.value)
+            "device count changes no bit)") in text
 
 
 def test_a_rank_dying_under_gridrun_train_leaves_the_run_queued_and_it_resumes(lab):
