@@ -65,8 +65,9 @@ def lab(tmp_path, monkeypatch):
         del sys.modules[name]  # another test's package of that name must import its own
 
 
-def cell(reduce: str, devices: int, experiment: str = "e", step_sleep: float = 0.0, **trainer):
-    args = {"p": 0.3, "train_size": 256, "val_size": 100, "step_sleep": step_sleep}
+def cell(reduce: str, devices: int, experiment: str = "e", step_sleep: float = 0.0,
+         train_size: int = 256, **trainer):
+    args = {"p": 0.3, "train_size": train_size, "val_size": 100, "step_sleep": step_sleep}
     return make_run("devlab.dropcnn:make", experiment=experiment, task_args=args,
                     **{"epochs": 2, "batch_size": 16, "accumulate": 4, "threads": 1,
                        "log_every": 2, "reduce": reduce, "devices": devices, **trainer})
@@ -159,9 +160,11 @@ def test_the_device_count_is_in_a_ddp_run_id_and_not_in_an_invariant_one():
 
 def test_an_invariant_run_stopped_on_2_devices_and_resumed_on_1_ends_with_the_same_bits(lab):
     root = lab / "runs"
-    alone = cell("invariant", 1, experiment="alone")
+    # 16 steps an epoch: the stop lands seconds before the end, however busy the machine
+    alone = cell("invariant", 1, experiment="alone", train_size=1024)
     trained(root, alone)
-    moved = cell("invariant", 2, experiment="moved", step_sleep=0.05, checkpoint_every=2)
+    moved = cell("invariant", 2, experiment="moved", step_sleep=0.05, checkpoint_every=2,
+                 train_size=1024)
     run_dir = prepare(root, moved)
     proc = worker(run_dir)
     wait_for(lambda: steps_logged(root, moved) >= 4 or proc.poll() is not None, timeout=240)
@@ -186,9 +189,10 @@ def test_a_killed_rank_ends_the_run_at_once_and_the_engine_resumes_it_exactly(la
     from gridrun.engine.backends.local import LocalBackend
 
     root = lab / "runs"
-    undisturbed = cell("ddp", 2, experiment="ref", epochs=3)
+    undisturbed = cell("ddp", 2, experiment="ref", epochs=3, train_size=1024)
     trained(root, undisturbed)
-    run = cell("ddp", 2, experiment="hit", epochs=3, step_sleep=0.05, checkpoint_every=2)
+    run = cell("ddp", 2, experiment="hit", epochs=3, step_sleep=0.05, checkpoint_every=2,
+               train_size=1024)  # 16 steps an epoch: killed at step 6 or a little after, mid-epoch
     # the engine's fork server starts in the user's folder, as `gridrun` starts it there
     backend = LocalBackend(log_path=lab / "forkserver.log")
     backend.start()
@@ -198,7 +202,7 @@ def test_a_killed_rank_ends_the_run_at_once_and_the_engine_resumes_it_exactly(la
         engine.start()
         run_dir = layout.run_dir(root, run.experiment, run.id)
         deadline = time.monotonic() + 240
-        while steps_logged(root, run) < 4:
+        while steps_logged(root, run) < 6:
             assert time.monotonic() < deadline, "the run did not start training"
             assert store.list_runs(ids=[run.id])[0].status in (states.QUEUED, states.RUNNING), \
                 store.list_runs(ids=[run.id])[0].error
@@ -254,7 +258,8 @@ def test_a_grid_over_devices_of_an_invariant_run_is_one_run_and_says_why(tmp_pat
 def test_a_rank_dying_under_gridrun_train_leaves_the_run_queued_and_it_resumes(lab):
     root = lab / "runs"
     (lab / "wide.toml").write_text(
-        '[experiments.wide]\ntask = "devlab.dropcnn:make"\nstep_sleep = 0.05\nepochs = 2\n'
+        '[experiments.wide]\ntask = "devlab.dropcnn:make"\nstep_sleep = 0.05\ntrain_size = 1024\n'
+        'epochs = 2\n'
         'batch_size = 16\naccumulate = 2\nthreads = 1\ndevices = 2\nreduce = "invariant"\n'
         'checkpoint_every = 2\nlog_every = 2\n')
     run = load_runs(lab / "wide.toml")[0]

@@ -18,6 +18,7 @@ from typing import Any
 
 from gridrun.runs import layout, runlog, space, states
 from gridrun.runs.records import Summary
+from gridrun.train.world import SINGLE, World, collective_failed, join, leave
 
 
 def json_safe(value: Any) -> Any:
@@ -100,16 +101,9 @@ def paused_for_space(summary: dict[str, Any]) -> str | None:
             + "; it resumes from its last good checkpoint once there is space")
 
 
-def ranks_leave(world: Any) -> None:
-    from gridrun.train import world as ranks_world
-
-    ranks_world.leave(world)
-
-
 def start_ranks(run: Any, run_dir: Path, devices: int, *, fresh: bool) -> tuple[Any, Any]:
     """Ranks 1..devices-1 started, and this process joined to them as rank 0."""
     from gridrun.train import environment, ranks
-    from gridrun.train.world import World, collective_failed, join
 
     gang = ranks.Gang(run_dir, devices, fresh=fresh)
     cuda = environment.pick_device().type == "cuda"
@@ -145,15 +139,14 @@ def main(run_dir: str | Path, *, fresh: bool = False) -> int:
         stop.set()
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    gang = world = None
+    gang, world = None, SINGLE
     try:
         if (devices := run.trainer.get("devices", 1)) > 1:  # rank 0 starts the others
             gang, world = start_ranks(run, run_dir, devices, fresh=fresh)
-        summary = train(run, run_dir, fresh=fresh, should_stop=stop.is_set,
-                        **({"world": world} if world is not None else {}))
+        summary = train(run, run_dir, fresh=fresh, should_stop=stop.is_set, world=world)
         if gang is not None:
             gang.finish()
-            ranks_leave(world)
+            leave(world)
         if summary["status"] == states.DIVERGED and not stop.is_set():
             # SIGTERM meanwhile ends the replay (a cancel must not wait for it)
             summary["divergence"] = replay_divergence(run, run_dir, summary, stop.is_set)
@@ -196,7 +189,6 @@ def rank_main(run_dir: str, rank: int, size: int, rendezvous: str, *, fresh: boo
         signal.signal(sig, signal.SIG_IGN)  # a stop reaches every rank through rank 0's step
     from gridrun.train import environment
     from gridrun.train.loop.trainer import train
-    from gridrun.train.world import join, leave
 
     run = read_config(Path(run_dir))
     cuda = environment.pick_device().type == "cuda"
