@@ -180,7 +180,7 @@ class Combiner:
 
 
 def gather_rows(world: World, local: torch.Tensor) -> list[torch.Tensor]:
-    """Every rank's `local` (rows of the same width, any count up to `rows`), rank by rank."""
+    """Every rank's `local` rows (the same width on every rank, any count), rank by rank."""
     import torch.distributed as dist
 
     count = torch.tensor([local.shape[0]], device=local.device)
