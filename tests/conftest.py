@@ -45,6 +45,14 @@ _SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
 
 @pytest.fixture(autouse=True)
+def own_gpu_ledger(tmp_path_factory, monkeypatch):
+    """Each test's engines share a GPU ledger of their own (engine/ledger.py), never the
+    machine's in /dev/shm: an engine another test left behind in this process (its pid
+    lives on) would otherwise commit memory on every later test's fake GPUs."""
+    monkeypatch.setenv("GRIDRUN_LEDGER", str(tmp_path_factory.mktemp("ledger") / "gpu-ledger"))
+
+
+@pytest.fixture(autouse=True)
 def signals_as_found(request):
     """A test that changes this process's signal handlers (a process's `main` called in
     process, a library that installs its own) must not hand them to every later test: a

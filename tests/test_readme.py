@@ -41,6 +41,7 @@ def allowed(key: Key) -> str:
                                       "of sources",
         'integer or "seed"': "an integer >= 0, or `seed`",
         'integer or "auto"': "`auto`, or an integer " + ", ".join(bits),
+        'float or "auto"': "`auto`, or a number " + ", ".join(bits),
     }
     if key.type in special:
         return special[key.type]

@@ -336,7 +336,8 @@ def serve(root: Path, *, until_idle: bool = False, **engine_options: Any) -> int
             log.warning("%s", lost)
         engine = Engine(root, backend, slots_for_backend(backend, config), store=store,
                         telemetry=make_telemetry(), announce=pid_file.update,
-                        **{"foreign": config.foreign, **engine_options})
+                        **{"foreign": config.foreign, "runs_per_gpu": config.runs_per_gpu,
+                           **engine_options})
         try:
             engine.start()
         except Exception as e:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gridrun.engine import packing
 from gridrun.engine.backends.base import EXIT_ALREADY_RUNNING, Exited, Handle, Slot
 from gridrun.engine.diskspace import DiskSpace
 from gridrun.runs import layout, runlog, space, states
@@ -51,6 +52,7 @@ class Active:
     cancelling: bool = False
     folder: tuple[int, int] | None = None  # the run folder it was given (folder_id)
     threads: int = 0  # the CPU threads it computes with, on a CPU slot of this machine
+    commit: int = 0  # bytes of GPU memory it commits on each GPU it holds (engine/sharing.py)
 
 
 class Endings:
@@ -109,6 +111,8 @@ class Endings:
             return  # a `gridrun train` process seen through its lock at a launch: not ours
         run_dir = run.run_dir(self.root)
         summary = read_summary(run_dir)
+        if summary and getattr(self, "sharing", None):  # what it measured serves its shape
+            self.sharing.book.learn(run.config, summary.to_json())
         code = event.code
         if code is None and summary and (summary.ended_at or 0) >= (run.started_at or 0):
             code = states.EXIT_CODES.get(summary.status)  # an adopted run's own account
@@ -210,6 +214,9 @@ class Endings:
             self._end(run, states.FAILED, error=error, note="failed", **common)
 
     def _oom(self, run: Run, summary: Summary | None, common: dict) -> None:
+        if summary and summary.memory_needed_bytes:  # it outgrew its budget: it alone failed
+            self._over_budget(run, summary, common)
+            return
         trainer = run.config["trainer"]
         batch, acc = int(trainer["batch_size"]), int(trainer["accumulate"])
         if batch < 2 or any(a.get("kind") == "oom" for a in run.adjustments):
@@ -225,3 +232,20 @@ class Endings:
         self._requeue(run, f"out of memory: retrying with batch_size {batch // 2} and "
                            f"accumulate {acc * 2} (same effective batch)",
                       config=spec.to_dict(), adjustments=[*run.adjustments, change], fresh=True)
+
+    def _over_budget(self, run: Run, s: Summary, common: dict) -> None:
+        """A run that outgrew its memory budget is retried once with a budget from the need
+        it measured (packing.retry_budget); it resumes from its checkpoint: a budget never
+        changes its bits. Twice over: out of memory, with what to give it."""
+        need, had = int(s.memory_needed_bytes or 0), s.memory_budget_bytes
+        if any(a.get("kind") == "budget" for a in run.adjustments):
+            self._end(run, states.OOM, error=s.error, note=(
+                f"over its memory budget again: it needed {packing.gib(need)} with "
+                f"{packing.gib(had)}; give it gpu_memory = {packing.retry_budget(need) / packing.GIB:.1f} "
+                "(GiB) in the file, or [engine] runs_per_gpu = 1"), **common)
+            return
+        new = packing.retry_budget(need)
+        change = {"kind": "budget", "t": time.time(), "budget_bytes": [had, new]}
+        self._requeue(run, f"over its memory budget ({packing.gib(need)} needed, {packing.gib(had)} "
+                           f"given): retried once with {packing.gib(new)}, from its checkpoint",
+                      adjustments=[*run.adjustments, change])

@@ -88,14 +88,15 @@ class Watch:
         self._before: set[int] = set()  # the previous sample's run pids
 
     def sample(self, telemetry: Any, runs: Mapping[int, str], keys: Collection[Any],
-               held: Collection[int]) -> bool:
-        """A new sample (`runs`: the active runs' pids); True when the GPUs taken, or who
-        takes them, changed. Without GPU slots nothing is taken."""
+               held: Collection[int], friends: Collection[int] = ()) -> bool:
+        """A new sample (`runs`: the active runs' pids; `friends`: other gridrun engines'
+        runs, which the ledger counts); True when the GPUs taken, or who takes them,
+        changed. Without GPU slots nothing is taken."""
         self.listed = [{"pid": pid, "gpu": gpu, "run_id": runs.get(pid)}
                        for pid, gpu in telemetry.processes().items()]
         listed = getattr(telemetry, "gpu_processes", None)
         # a run that ended since the last sample is ours still: its process may linger there
-        ours, self._before = set(runs) | self._before, set(runs)
+        ours, self._before = set(runs) | self._before | set(friends), set(runs)
         gpus = taken(listed(), ours, keys=keys, held=held, blind=nested_pid_namespace()) \
             if keys and listed is not None else []
         changed = who(gpus) != who(self.gpus)
@@ -107,6 +108,15 @@ class Watch:
         if self.policy != AVOID:
             return frozenset()
         return frozenset(k for g in self.gpus for k in (g["gpu"], g.get("uuid")) if k is not None)
+
+    def memory(self) -> dict[Any, int]:
+        """GPU (index and UUID) -> the memory others' processes use there (packing's rooms)."""
+        out: dict[Any, int] = {}
+        for g in self.gpus:
+            used = sum(p.get("mem_bytes") or 0 for p in g["processes"])
+            for key in {g.get("gpu"), g.get("uuid")} - {None}:
+                out[key] = used
+        return out
 
     def state(self, waits: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         """STATE's value: the taken GPUs and, under "avoid", the first queued run that

@@ -13,6 +13,10 @@ carries the plan out.
   distinct GPUs) holds nothing back: it is refused with one line saying what to do.
 - The slots of a GPU others take (`avoid`, engine/foreign.py) are offered to no run;
   runs already there go on.
+- With each GPU's room known (engine/packing.py), a run also needs its budget free on
+  each GPU it takes, and goes where it fits best (the least room that holds it); one
+  whose shape was never measured (`runs_per_gpu = "auto"`) takes a GPU nobody commits
+  anything on, and all of it.
 
 Where a slot is a job or a task (SLURM, Ray) the scheduler asks for one slot a run:
 the job asks SLURM for the run's devices, and Ray refuses them (`base.Refused`).
@@ -26,7 +30,10 @@ from typing import Any
 
 from gridrun.engine.backends.base import Slot, gang
 from gridrun.engine.backends.slots import fits
+from gridrun.engine.packing import Room, commit
 from gridrun.train import threads
+
+WORKERS_AUTO = 2  # the cores a packed GPU run's num_workers = "auto" is counted for
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,7 @@ class Want:
     run_id: str
     devices: int = 1  # slots it takes at once
     threads: int = 0  # CPU threads each of its processes holds against the cores (0: none)
+    budget: int | float | None = 0  # what it commits per GPU (packing.Book.budget); 0: nothing
 
 
 @dataclass
@@ -45,6 +53,8 @@ class Plan:
     cap: dict[str, Any] | None = None  # the first run's threads do not fit (scheduler.CPU_CAP)
     short: dict[str, Any] | None = None  # too few free slots for the first run (SLOTS_WAIT)
     taken: dict[str, Any] | None = None  # the first run would start on GPUs others take (FOREIGN)
+    memory: dict[str, Any] | None = None  # no GPU has room for the first run (packing.STATE)
+    commits: dict[str, int] = field(default_factory=dict)  # run id -> bytes it commits per GPU
 
 
 def gpu_of(slot: Slot) -> Any:
@@ -68,10 +78,15 @@ def never(devices: int, slots: Sequence[Slot]) -> str | None:
     return None
 
 
-def pick(free: Sequence[Slot], devices: int) -> list[Slot] | None:
-    """`devices` of the free slots, in slot order, each on a GPU of its own; None if too few."""
+def pick(free: Sequence[Slot], devices: int, fit: Mapping[Any, int] | None = None
+         ) -> list[Slot] | None:
+    """`devices` of the free slots, each on a GPU of its own; None if too few. In slot
+    order, or with `fit` (GPU -> the room it would leave) only on those GPUs, the
+    tightest first."""
     chosen: list[Slot] = []
     gpus = set()
+    if fit is not None:
+        free = sorted((s for s in free if gpu_of(s) in fit), key=lambda s: fit[gpu_of(s)])
     for slot in free:
         gpu = gpu_of(slot)
         if gpu is not None and gpu in gpus:
@@ -89,11 +104,27 @@ def free_units(free: Sequence[Slot]) -> int:
     return len(free) if gpus <= {None} else len(gpus - {None})
 
 
+def fitting(want: Want, rooms: Mapping[Any, Room] | None) -> tuple[dict[Any, int] | None,
+                                                                   dict[Any, int]]:
+    """({GPU: the room left once `want` is there} for the GPUs it fits, {GPU: bytes it
+    would commit}); (None, {}) without rooms to go by or a budget to place."""
+    if rooms is None or want.budget == 0:
+        return None, {}
+    fit, bytes_ = {}, {}
+    for gpu, room in rooms.items():
+        if (n := commit(want.budget, room)) is not None:
+            fit[gpu], bytes_[gpu] = room.free - n, n
+    return fit, bytes_
+
+
 def plan(queue: Iterable[Want], slots: Sequence[Slot], used: Iterable[str],
-         holding: Iterable[int], cores: int, avoid: Collection[Any] = ()) -> Plan:
+         holding: Iterable[int], cores: int, avoid: Collection[Any] = (),
+         rooms: Mapping[Any, Room] | None = None) -> Plan:
     """The runs of `queue` (in queue order) that start now on the free slots, those
-    refused for good, and why the first one left waits (its slots, its threads, or
-    GPUs others take). `avoid`: the GPUs (`gpu_of` a slot) no new run starts on."""
+    refused for good, and why the first one left waits (its slots, its threads, GPUs
+    others take, or memory). `avoid`: the GPUs (`gpu_of` a slot) no new run starts on;
+    `rooms`: each GPU's memory room (None: slots alone decide)."""
+    rooms = dict(rooms) if rooms is not None else None
     used = set(used)
     unused = [s for s in slots if s.name not in used]
     free = [s for s in unused if gpu_of(s) is None or gpu_of(s) not in avoid]
@@ -104,7 +135,13 @@ def plan(queue: Iterable[Want], slots: Sequence[Slot], used: Iterable[str],
         if why:
             out.refused.append((want.run_id, why))
             continue
-        chosen = pick(free, want.devices)
+        fit, bytes_ = fitting(want, rooms)
+        chosen = pick(free, want.devices, fit)
+        if chosen is None and fit is not None and pick(free, want.devices) is not None:
+            out.memory = {"run_id": want.run_id, "need": want.budget if isinstance(
+                want.budget, int) else None, "free": max(
+                (r.free for g, r in (rooms or {}).items() if g not in avoid), default=0)}
+            break
         if chosen is None:
             if free:  # slots are free, but not enough for it: they are kept for it
                 gpus = any(gpu_of(s) is not None for s in slots)
@@ -120,6 +157,10 @@ def plan(queue: Iterable[Want], slots: Sequence[Slot], used: Iterable[str],
                        "cores": cores, "cpu_slots": len(slots)}
             break
         out.starts.append((want.run_id, gang(chosen)))
+        for gpu in {gpu_of(s) for s in chosen} & set(bytes_):
+            room = rooms[gpu]  # what this run commits is no longer there for the next
+            rooms[gpu] = Room(room.total, room.free - bytes_[gpu], False)
+            out.commits[want.run_id] = bytes_[gpu]
         free = [s for s in free if s not in chosen]
         unused = [s for s in unused if s not in chosen]
         holding.append(need)
@@ -137,16 +178,22 @@ def devices_wanted(config: Any, local: bool) -> int:
         return 1
 
 
-def threads_held(config: Any, slot: Slot | None, cores: int) -> int:
+def threads_held(config: Any, slot: Slot | None, cores: int, packed: bool = False) -> int:
     """The CPU threads a run holds on `slot` of this machine: its resolved `threads` on a
-    CPU slot, once per member of a gang, else 0 (a GPU slot)."""
-    if slot is None or slot.gpu is not None:
+    CPU slot, once per member of a gang, else 0 (a GPU slot). `packed` (GPU runs packed
+    by memory): on a GPU slot too, its threads and its DataLoader workers (WORKERS_AUTO
+    for "auto", which it measures only once started)."""
+    gpu = slot is not None and slot.gpu is not None
+    if slot is None or (gpu and not packed):
         return 0
     trainer = (config or {}).get("trainer") or {}
     try:
-        each = threads.resolve(trainer.get("threads", threads.AUTO), gpu=False, cores=cores)
+        each = threads.resolve(trainer.get("threads", threads.AUTO), gpu=gpu, cores=cores)
     except (TypeError, ValueError):
         each = cores
+    if gpu:
+        workers = trainer.get("num_workers", 0)
+        each += WORKERS_AUTO if workers == "auto" else workers if isinstance(workers, int) else 0
     return each * len(slot.parts)
 
 

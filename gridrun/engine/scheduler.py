@@ -9,6 +9,7 @@ slots, waits (up to a tick) for runs to end and records how they ended
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -17,13 +18,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gridrun.engine import placement
+from gridrun.engine import packing, placement
 from gridrun.engine.backends.base import Backend, Exited, Refused, Slot
 from gridrun.engine.diskspace import DiskSpace
 from gridrun.engine.endings import Active, Endings, folder_id
 from gridrun.engine.foreign import STATE as FOREIGN  # the GPUs others' processes take, or None
-from gridrun.engine.foreign import Watch, gpu_lines
+from gridrun.engine.foreign import Watch
+from gridrun.engine.ledger import LedgerBusy
+from gridrun.engine.sampling import Sampling
 from gridrun.engine.search import Searches
+from gridrun.engine.sharing import Sharing
 from gridrun.runs import layout, space, states
 from gridrun.runs.store import FOREGROUND, Run, Store
 from gridrun.spec import write_run_config
@@ -39,7 +43,7 @@ SLOTS_WAIT = "slots_wait"  # store state: the first run waits for more free slot
 FOREGROUND_EVERY = 2.0  # how often the engine looks whether foreground runs' processes live
 
 
-class Engine(Endings):
+class Engine(Endings, Sampling):
     def __init__(self, root: str | Path, backend: Backend, slots: list[Slot], *,
                  store: Store | None = None, telemetry: Any = None, tick: float = 0.25,
                  backoff: float = 10.0, cancel_grace: float = 30.0, stop_grace: float = 120.0,
@@ -47,7 +51,8 @@ class Engine(Endings):
                  space_retry: float = 2.0, space_margin: int = space.RESUME_MARGIN,
                  announce: Callable[[dict[str, Any]], None] | None = None,
                  thread_budget: bool = True, cores: int | None = None,
-                 foreign: str | None = None):
+                 foreign: str | None = None, runs_per_gpu: int | str | None = None,
+                 ledger: Any = None):
         self.root = Path(root)
         # CPU runs on this machine start only while their threads fit the usable cores
         # (`thread_budget = False`: every free slot, as before; the benchmark's baseline)
@@ -56,9 +61,13 @@ class Engine(Endings):
         self._said: dict[str, Any] = {}  # what CPU_CAP, SLOTS_WAIT, FOREIGN say (absent: clear)
         self.store = store or Store(root)
         # a GPU others compute on: `foreign` as given, else as the [engine] table says
-        policy = foreign or (self.store.get_state("engine_config") or {}).get("foreign")
-        self.others = Watch(policy)
+        table = self.store.get_state("engine_config") or {}
+        self.others = Watch(foreign or table.get("foreign"))
         self.backend, self.slots, self.telemetry = backend, slots, telemetry
+        # the GPUs' memory, shared with other engines (engine/sharing.py); None: not ours
+        self.sharing = Sharing.for_engine(
+            runs_per_gpu if runs_per_gpu is not None else table.get("runs_per_gpu", 1), slots,
+            getattr(backend, "name", "") == "local", ledger)
         self.tick, self.backoff = tick, backoff
         self.cancel_grace, self.stop_grace = cancel_grace, stop_grace
         self.telemetry_every, self.processes_every = telemetry_every, processes_every
@@ -80,7 +89,10 @@ class Engine(Endings):
 
     def start(self) -> None:
         self.backend.start()
+        if self.sharing:
+            self.sharing.learn_from(self.store.list_runs())  # what each shape measured so far
         self.recover()
+        self.sample_telemetry()  # the GPUs' sizes and who else is there, before any launch
         self.searches.update()  # decisions an engine killed mid-search had not carried out
         self.started = True
         self.heartbeat()
@@ -98,8 +110,10 @@ class Engine(Endings):
             if until_idle and not self.stopping and self.idle():
                 log.info("nothing queued or running: stopping (--until-idle)")
                 self.request_stop()
-        for key in (CPU_CAP, SLOTS_WAIT, FOREIGN):
+        for key in (CPU_CAP, SLOTS_WAIT, FOREIGN, packing.STATE):
             self._say(key, None)
+        if self.sharing:
+            self.sharing.close()
         self.backend.close()
 
     def request_stop(self) -> None:
@@ -129,6 +143,8 @@ class Engine(Endings):
                 self.launch_ready()
             ended = self.backend.poll(self.tick if timeout is None else timeout)
             self._record(ended)
+            if self.sharing:  # what ended commits nothing any more: less is safe unlocked
+                self.sharing.publish(self.active)
             self.searches.update(ended=bool(ended or kept))
             self.record_placements()
             self.sample_telemetry()
@@ -227,7 +243,8 @@ class Engine(Endings):
                 continue
             self.active[run.id] = Active(run.id, handle, slot, run.started_at or time.time(),
                                          folder=folder_id(run.run_dir(self.root)),
-                                         threads=self.cpu_threads(run, slot))
+                                         threads=self.cpu_threads(run, slot),
+                                         commit=int((run.placement or {}).get("commit_bytes") or 0))
             self.store.transition(run.id, states.RUNNING, states.RUNNING, pid=handle.pid,
                                   pid_start_time=handle.start_time,
                                   slot=slot.name if slot else run.slot,
@@ -284,19 +301,20 @@ class Engine(Endings):
     def cpu_threads(self, run: Run, slot: Slot | None) -> int:
         """The CPU threads `run` holds on `slot` (placement.threads_held; 0 without the budget)."""
         local = self.thread_budget and getattr(self.backend, "name", "") == "local"
-        return placement.threads_held(run.config, slot, self.cores) if local else 0
+        packed = bool(self.sharing and self.sharing.book.auto)  # GPU runs count too
+        return placement.threads_held(run.config, slot, self.cores, packed) if local else 0
 
     def _say(self, key: str, value: dict[str, Any] | None) -> None:
-        """Keep CPU_CAP, SLOTS_WAIT, FOREIGN current for `engine status` (written when they
-        change; FOREIGN is logged as it is sampled)."""
+        """Keep CPU_CAP, SLOTS_WAIT, FOREIGN, packing.STATE current for `engine status`
+        (written when they change; FOREIGN is logged as it is sampled)."""
         if key in self._said and self._said[key] == value:
             return
-        if value is not None and not isinstance(self._said.get(key), dict) and key != FOREIGN:
+        if value is not None and not isinstance(self._said.get(key), dict):
             if key == CPU_CAP:
                 log.info("threads cap CPU runs: %s needs %d threads, %d of %d usable cores "
                          "are taken", value["run_id"], value["threads"], value["holding"],
                          value["cores"])
-            else:
+            elif key == SLOTS_WAIT:
                 log.info("%s waits for %d free %s (%d free); later runs wait behind it",
                          value["run_id"], value["devices"], value["unit"], value["free"])
         self._said[key] = value
@@ -315,10 +333,29 @@ class Engine(Endings):
             self.space.enter("too little space left to start a run")
             return
         queue = self.store.next_queued(max(1, len(free)))
-        wants = [placement.Want(r.id, self.slots_wanted(r),
-                                self.cpu_threads(r, free[0]) if free else 0) for r in queue]
-        plan = placement.plan(wants, self.slots, used, [a.threads for a in self.active.values()],
-                              self.cores, avoid=self.others.avoid())
+        if self.sharing is None:
+            self._place(queue, free, used, None)
+            return
+        foreign = self.others.memory()
+        rooms = None
+        try:  # read the ledger, place, write it: other engines wait meanwhile
+            with self.sharing.placing(self.active, foreign) as rooms:
+                plan = self._place(queue, free, used, rooms)
+            waits = plan.memory
+        except LedgerBusy as e:
+            waits = {"run_id": queue[0].id if queue else None, "busy": str(e)}
+        self._say(packing.STATE, self.sharing.state(self.active, rooms, foreign, waits))
+
+    def _place(self, queue: list[Run], free: list[Slot], used: set[str],
+               rooms: dict[Any, packing.Room] | None) -> placement.Plan:
+        """Start what the placement gives; `rooms`: each GPU's memory room (None: slots alone)."""
+        budgets = {r.id: self.sharing.budget(r) for r in queue} if self.sharing and rooms else {}
+        wants = [placement.Want(r.id, self.slots_wanted(r), self.cpu_threads(r, free[0]) if free
+                                else 0, budgets.get(r.id, 0)) for r in queue]
+        holding = [a.threads for a in self.active.values()]
+        holding += self.sharing.others_threads() if self.sharing else []  # other engines' runs
+        plan = placement.plan(wants, self.slots, used, holding, self.cores,
+                              avoid=self.others.avoid(), rooms=rooms)
         runs = {r.id: r for r in queue}
         for run_id, why in plan.refused:
             log.error("%s can never start here: %s", run_id, why)
@@ -326,13 +363,17 @@ class Engine(Endings):
                                   slot=None, error=why, note=why)
         for run_id, slot in plan.starts:
             if self.space.waiting:
-                return
-            self._start(runs[run_id], slot)  # one that fails leaves its slots to the next step
+                break
+            budget = budgets.get(run_id)  # bytes: enforced in the run (a share of a GPU: not)
+            # one that fails leaves its slots to the next step
+            self._start(runs[run_id], slot, plan.commits.get(run_id, 0),
+                        budget if isinstance(budget, int) and budget else None)
         self._say(CPU_CAP, plan.cap)
         self._say(SLOTS_WAIT, plan.short)
         self._say(FOREIGN, self.others.state(plan.taken))
+        return plan
 
-    def _start(self, run: Run, slot: Slot) -> None:
+    def _start(self, run: Run, slot: Slot, commit: int = 0, budget: int | None = None) -> None:
         need = self.cpu_threads(run, slot)
         try:
             # never through a symlink, never into someone else's folder (layout.py)
@@ -347,9 +388,9 @@ class Engine(Endings):
                                      pid=handle.pid, pid_start_time=handle.start_time,
                                      started_at=time.time(), note="adopted a running process"):
                 self.active[run.id] = Active(run.id, handle, slot, time.time(),
-                                             folder=folder_id(run_dir), threads=need)
+                                             folder=folder_id(run_dir), threads=need, commit=commit)
             return
-        self._launch(run, run_dir, slot, need)
+        self._launch(run, run_dir, dataclasses.replace(slot, budget=budget), need, commit)
 
     def _not_started(self, run: Run, expected: str, e: Exception) -> None:
         """One run that could not be prepared or launched fails with the reason; the
@@ -372,7 +413,7 @@ class Engine(Endings):
         self.store.transition(run.id, expected, states.FAILED, ended_at=time.time(), slot=None,
                               error=f"could not start: {why}", note="could not start")
 
-    def _launch(self, run: Run, run_dir: Path, slot: Slot, threads: int = 0) -> None:
+    def _launch(self, run: Run, run_dir: Path, slot: Slot, threads: int = 0, commit: int = 0) -> None:
         now = time.time()
         if not self.store.transition(run.id, states.QUEUED, states.RUNNING, slot=slot.name,
                                      started_at=now, ended_at=None, pid=None, pid_start_time=None,
@@ -391,45 +432,11 @@ class Engine(Endings):
             log.debug("could not launch %s", run.id, exc_info=True)
             self._not_started(run, states.RUNNING, e)
             return
-        self.active[run.id] = Active(run.id, handle, slot, now, folder=folder, threads=threads)
+        self.active[run.id] = Active(run.id, handle, slot, now, folder=folder, threads=threads,
+                                     commit=commit)
+        where = {"backend": "local", "budget_bytes": slot.budget, "commit_bytes": commit} \
+            if commit else {}  # its memory budget, for `engine status` and the interface
         self.store.transition(run.id, states.RUNNING, states.RUNNING, pid=handle.pid,
-                              pid_start_time=handle.start_time, fresh=False)
+                              pid_start_time=handle.start_time, fresh=False, **(
+                                  {"placement": where} if where else {}))
         log.info("launched %s on %s (pid %d)", run.id, slot.name, handle.pid)
-
-    # ---- telemetry --------------------------------------------------------------
-
-    def sample_telemetry(self) -> None:
-        if self.telemetry is None:
-            return
-        now = time.monotonic()
-        if now < self._next_sample:
-            return
-        self._next_sample = now + self.telemetry_every
-        try:
-            self._sample(now)
-        except Exception as e:  # telemetry never stops the engine (a full disk: the wait)
-            if space.is_no_space(e):
-                raise
-
-    def _sample(self, now: float) -> None:
-        sample = self.telemetry.sample()
-        sample = sample.to_dict() if hasattr(sample, "to_dict") else dict(sample)
-        self.sample_processes(now)
-        sample["processes"] = self.others.listed
-        self.store.record_telemetry(sample, t=sample.get("t"))
-
-    def sample_processes(self, now: float) -> None:
-        """Every `processes_every` s: the processes on the GPUs, whose run each is, and
-        the GPUs others take (engine/foreign.py; logged when that changes)."""
-        if self.telemetry is None or now < self._next_processes:
-            return
-        self._next_processes = now + self.processes_every
-        runs = {a.handle.pid: a.run_id for a in self.active.values()}
-        held = {p.gpu for a in self.active.values() if a.slot for p in a.slot.parts}
-        keys = {g for s in self.slots if (g := placement.gpu_of(s)) is not None}
-        try:
-            if self.others.sample(self.telemetry, runs, keys, held):
-                for line in gpu_lines(self.others.state()) or ["no GPU is taken by others"]:
-                    log.info("%s", line)
-        except Exception:  # telemetry never stops the engine
-            log.debug("could not sample the GPUs' processes", exc_info=True)

@@ -28,6 +28,7 @@ class GpuSample:
     power_w: float | None = None
     temperature_c: float | None = None
     sm_clock_mhz: int | None = None
+    uuid: str | None = None  # "GPU-...": the same GPU for every engine, whatever its index
 
 
 @dataclass(frozen=True)
@@ -133,12 +134,14 @@ class Telemetry:
         power_mw = _guard(lambda: nv.nvmlDeviceGetPowerUsage(h))
         temp = _guard(lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)))
         clock = _guard(lambda: int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
+        uuid = _guard(lambda: nv.nvmlDeviceGetUUID(h))
+        uuid = uuid.decode(errors="replace") if isinstance(uuid, bytes) else uuid
         return GpuSample(
             index=index, name=name, util_percent=util,
             mem_used_bytes=_guard(lambda: int(mem.used)) if mem is not None else None,
             mem_total_bytes=_guard(lambda: int(mem.total)) if mem is not None else None,
             power_w=power_mw / 1000.0 if isinstance(power_mw, int | float) else None,
-            temperature_c=temp, sm_clock_mhz=clock,
+            temperature_c=temp, sm_clock_mhz=clock, uuid=uuid if isinstance(uuid, str) else None,
         )
 
     def _system(self) -> SystemSample:

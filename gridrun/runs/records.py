@@ -281,6 +281,9 @@ class Summary:
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
     peak_memory_bytes: float | None = None
+    peak_reserved_bytes: float | None = None  # CUDA's reserved memory at its peak (None on the CPU)
+    memory_budget_bytes: float | None = None  # the engine's budget for a run it packed by memory
+    memory_needed_bytes: float | None = None  # what a run over its budget measured it needed
     started_at: float | None = None
     ended_at: float | None = None
     wall_time_s: float | None = None

@@ -66,7 +66,12 @@ def _check(key: str, value: Any) -> tuple[Any, str | None, str | None]:
         if isinstance(value, list) and all(_int(g, 0) for g in value):
             return tuple(value), None, None
         return None, '"auto", [] or an array of GPU indices', None
-    if key in ("runs_per_gpu", "cpu_slots", "cpus_per_run", "max_jobs", "runs_per_job"):
+    if key == "runs_per_gpu" and value == "auto":  # packed by memory (engine/packing.py)
+        return "auto", None, None
+    if key == "runs_per_gpu":
+        return (value, None, None) if _int(value, 1) else (
+            None, 'an integer >= 1, or "auto" (as many as fit by measured memory)', None)
+    if key in ("cpu_slots", "cpus_per_run", "max_jobs", "runs_per_job"):
         return (value, None, None) if _int(value, 1) else (None, "an integer >= 1", None)
     if key == "gpus_per_run":
         return (value, None, None) if _int(value, 0) else (None, "an integer >= 0 (0: CPU runs)", None)

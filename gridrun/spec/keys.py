@@ -132,6 +132,10 @@ TRAINER_KEYS: dict[str, Key] = {k.name: k for k in [
         min=1, max=1024, affects_results=False),
     Key("persistent_workers", "boolean", False, "keep DataLoader workers between epochs",
         affects_results=False),
+    Key("gpu_memory", 'float or "auto"', "auto", "GiB of GPU memory the run may use, CUDA "
+        'context included, under [engine] runs_per_gpu = "auto" (auto: what an earlier run of '
+        "its shape measured; the first runs alone on its GPU); enforced in the run", above=0,
+        max=1 << 20, affects_results=False),
     Key("max_retries", "integer", 0, "times the engine retries a failed run", min=0, max=100,
         affects_results=False),
     # the sources of randomness and their switches (spec/sources.py); each is part of
@@ -192,6 +196,8 @@ KEY_ALIASES: dict[str, str] = {
     **dict.fromkeys(("workers", "n_workers", "dataloader_num_workers", "num_data_workers"),
                     "num_workers"),
     **dict.fromkeys(("dataloader_pin_memory", "pin"), "pin_memory"),
+    **dict.fromkeys(("gpu_mem", "memory", "mem_gb", "gpu_memory_gb", "vram", "memory_budget"),
+                    "gpu_memory"),
     **dict.fromkeys(("retries", "max_retry", "num_retries"), "max_retries"),
     **dict.fromkeys(("use_deterministic_algorithms", "deterministic_algorithms", "determinism"),
                     "deterministic"),
@@ -335,6 +341,10 @@ def check_trainer_value(key: Key, value: Any) -> tuple[Any, str | None]:
         if value == "auto" or (_is_int(value) and _in_range(key, value)):
             return value, None
         return None, f'expected "auto" or an integer {_range_text(key)}, {got}'
+    if key.type == 'float or "auto"':
+        if value == "auto" or (_is_number(value) and math.isfinite(value) and _in_range(key, value)):
+            return value if value == "auto" else float(value), None
+        return None, f'expected "auto" or a number {_range_text(key)}, {got}'
     if key.type == 'boolean or "auto"':
         if isinstance(value, bool) or value == "auto":
             return value, None

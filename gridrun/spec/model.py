@@ -141,7 +141,7 @@ class EngineConfig:
     """The optional `[engine]` table: how runs execute (never part of a run id)."""
 
     gpus: str | tuple[int, ...] = "auto"
-    runs_per_gpu: int = 1
+    runs_per_gpu: int | str = 1  # or "auto": packed by measured memory (engine/packing.py)
     cpu_slots: int = 2
     foreign: str = "avoid"  # a GPU another user computes on: "avoid" it or "share" it
     backend: str = "local"

@@ -37,6 +37,14 @@ def unused_warning(names: list[str]) -> str:
             + (" ..." if len(names) > 8 else ""))
 
 
+def peak_reserved(device: torch.device, seen: int = 0) -> int | None:
+    """CUDA's peak reserved memory over the run (None on the CPU); `seen`: the peaks of
+    the intervals whose counters were reset."""
+    if device.type != "cuda":
+        return None
+    return max(seen, int(torch.cuda.max_memory_reserved(device)))
+
+
 class Diagnostics:
     def __init__(self, model: torch.nn.Module, device: torch.device, clip: float):
         self.model, self.device, self.clip = model, device, clip
@@ -45,6 +53,7 @@ class Diagnostics:
         self.norm: torch.Tensor | None = None  # of the latest step measured
         self.norms: list[torch.Tensor] = []  # with clipping: each step's norm since the log point
         self.peak = 0  # the largest peak of any interval (CUDA resets it at each log point)
+        self.peak_reserved = 0  # the same for CUDA's reserved memory
         self.checked_unused = False
         self._process: Any = None
         if device.type != "cuda":
@@ -110,6 +119,8 @@ class Diagnostics:
             fields[records.MEM_ALLOCATED] = torch.cuda.memory_allocated(self.device)
             fields[records.MEM_RESERVED] = torch.cuda.memory_reserved(self.device)
             fields[records.MEM_PEAK] = peak
+            self.peak_reserved = max(self.peak_reserved,
+                                     int(torch.cuda.max_memory_reserved(self.device)))
             torch.cuda.reset_peak_memory_stats(self.device)
             self.peak = max(self.peak, peak)
         else:

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# the GPU memory a run may use, in bytes (engine/packing.py gives it, the run enforces it)
+from gridrun.train.loop.memory import ENV as MEMORY_BUDGET
+
 # A worker that finds its run already running (the run lock held by another
 # process) exits with this code without touching anything (EX_TEMPFAIL).
 EXIT_ALREADY_RUNNING = 75
@@ -30,6 +33,15 @@ class Slot:
     gpu: int | None = None  # a gang's: its first member's
     device: str | None = None  # a GPU-/MIG- UUID the engine inherited, passed on as it is
     members: tuple[Slot, ...] = ()  # a gang's slots, each a plain slot
+    budget: int | None = field(default=None, compare=False)  # bytes of GPU memory, per GPU
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What the run's process is given: its GPUs, and its memory budget when it has one."""
+        out = {"CUDA_VISIBLE_DEVICES": self.cuda_visible_devices}
+        if self.budget:
+            out[MEMORY_BUDGET] = str(int(self.budget))
+        return out
 
     @property
     def parts(self) -> tuple[Slot, ...]:

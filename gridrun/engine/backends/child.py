@@ -22,6 +22,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from gridrun.engine.backends.base import MEMORY_BUDGET
 from gridrun.runs import space, states
 
 EXIT_NO_SPACE = states.EXIT_NO_SPACE
@@ -128,9 +129,11 @@ def _release_output(keeper: subprocess.Popen | None, timeout: float = 10.0) -> N
             keeper.wait(timeout)
 
 
-def run(run_dir: str, *, fresh: bool, cuda_visible_devices: str, close_fds: tuple[int, ...] = ()) -> int:
+def run(run_dir: str, *, fresh: bool, cuda_visible_devices: str, close_fds: tuple[int, ...] = (),
+        env: dict[str, str] | None = None) -> int:
     """Runs the worker in this process and returns its exit code. Never returns
-    control to a fork server: the caller `os._exit`s with the code."""
+    control to a fork server: the caller `os._exit`s with the code. `env`: what this
+    launch adds to the environment (its memory budget); a fork server's own never leaks."""
     os.umask(0o077)  # layout.private_umask, without importing more into a fresh child
     for fd in close_fds:
         with contextlib.suppress(OSError):
@@ -142,6 +145,9 @@ def run(run_dir: str, *, fresh: bool, cuda_visible_devices: str, close_fds: tupl
     signal.set_wakeup_fd(-1)
     # before anything can touch CUDA: the fork server never initialised it
     os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+    if env is not None:
+        os.environ.pop(MEMORY_BUDGET, None)
+        os.environ.update(env)
 
     run_path = Path(run_dir)
     lock_fd = os.open(run_path / LOCK, os.O_RDWR | os.O_CREAT, 0o600)

@@ -102,8 +102,10 @@ def _fork_spare(private: tuple[int, ...]) -> tuple[int, float | None, int]:
                 data += chunk
             os.close(r)
             req = json.loads(data)
-            code = child.run(req["run_dir"], fresh=req["fresh"], cuda_visible_devices=req["cuda"],
-                             close_fds=private)
+            env = req["env"]
+            code = child.run(req["run_dir"], fresh=req["fresh"],
+                             cuda_visible_devices=env.pop("CUDA_VISIBLE_DEVICES", ""),
+                             close_fds=private, env=env)
         finally:
             os._exit(code)
     os.close(r)
@@ -143,8 +145,9 @@ class ForkServer:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def launch(self, run_dir: Path, *, fresh: bool, cuda: str) -> tuple[int, float | None]:
-        req = {"run_dir": str(run_dir), "fresh": fresh, "cuda": cuda}
+    def launch(self, run_dir: Path, *, fresh: bool, env: dict[str, str]) -> tuple[int, float | None]:
+        """Fork a run on `run_dir`; `env`: its CUDA_VISIBLE_DEVICES and memory budget (Slot.env)."""
+        req = {"run_dir": str(run_dir), "fresh": fresh, "env": dict(env)}
         self.proc.stdin.write(json.dumps(req).encode() + b"\n")
         self.proc.stdin.flush()
         while True:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gridrun.engine.backends import child
-from gridrun.engine.backends.base import Backend, Exited, Handle, Slot
+from gridrun.engine.backends.base import MEMORY_BUDGET, Backend, Exited, Handle, Slot
 
 log = logging.getLogger("gridrun.engine")
 
@@ -59,14 +59,14 @@ class LocalBackend(Backend):
     def launch(self, run_id: str, run_dir: Path, slot: Slot, *, fresh: bool = False) -> Handle:
         if self.server is not None and self.server.alive():
             try:
-                pid, start = self.server.launch(run_dir, fresh=fresh, cuda=slot.cuda_visible_devices)
+                pid, start = self.server.launch(run_dir, fresh=fresh, env=slot.env)
                 handle = Handle(run_id, Path(run_dir), pid, start or 0.0, slot)
                 self.procs[pid] = _Proc(handle, "fork", pidfd=_pidfd(pid))
                 return handle
             except (OSError, RuntimeError, ValueError) as e:
                 log.warning("fork server failed (%s); using fresh interpreters", e)
                 self.server = None
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": slot.cuda_visible_devices}
+        env = {k: v for k, v in os.environ.items() if k != MEMORY_BUDGET} | slot.env
         with open(Path(run_dir) / "output.log", "ab") as out:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "gridrun.engine.backends.child", str(run_dir),

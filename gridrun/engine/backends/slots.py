@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gridrun.engine.backends.base import Slot
+from gridrun.train.threads import usable_cores
 
 # what CUDA accepts in CUDA_VISIBLE_DEVICES: indices, or GPU-/MIG- UUIDs; it stops at
 # the first entry that is neither (SLURM's old "NoDevFiles", "-1": no GPU)
@@ -55,7 +56,8 @@ def slots_for(config: Any, gpus_available: int | None = None,
     `gpus = "auto"` means the inherited GPUs when there are (each run gets one of those
     ids, never another), else all `gpus_available` (NVML's count); a GPU where another
     user's process computes gets no new run while it does (engine/foreign.py)."""
-    per = max(1, int(config.runs_per_gpu))
+    # "auto": packed by memory (engine/packing.py); the slots only bound how many at once
+    per = max(1, usable_cores()) if config.runs_per_gpu == "auto" else max(1, int(config.runs_per_gpu))
     gpus: list[tuple[int, str | None]]
     if config.gpus != "auto":
         gpus = [(g, None) for g in config.gpus]

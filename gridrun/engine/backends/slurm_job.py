@@ -145,7 +145,7 @@ def _run_one(server: Any, path: Path, fresh: bool, cuda: str, token: str,
              signals: _Signals) -> int:
     popen = None
     if server is not None and server.alive():
-        pid, _ = server.launch(path, fresh=fresh, cuda=cuda)
+        pid, _ = server.launch(path, fresh=fresh, env={"CUDA_VISIBLE_DEVICES": cuda})
     else:
         with open(path / "output.log", "ab") as out:
             popen = subprocess.Popen(

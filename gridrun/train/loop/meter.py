@@ -16,6 +16,7 @@ from typing import Any
 from gridrun.runs import records
 from gridrun.runs.runlog import MetricsWriter
 from gridrun.train.loop.build import Setup
+from gridrun.train.loop.memory import MemoryBudget
 from gridrun.train.loop.state import TrainState, read_pending
 from gridrun.train.remedies import input_bound
 
@@ -26,8 +27,10 @@ class Meter:
     intervals (`restart_interval`)."""
 
     def __init__(self, setup: Setup, state: TrainState, writer: MetricsWriter,
-                 summary: dict[str, Any], log: Callable[[str], None]):
+                 summary: dict[str, Any], log: Callable[[str], None],
+                 budget: MemoryBudget | None = None):
         self.setup, self.writer, self.summary, self.log = setup, writer, summary, log
+        self.budget = budget or MemoryBudget()
         self.counts_tokens = setup.task.count_tokens
         self.samples = self.tokens = 0  # in the interval
         self.total_samples = self.total_tokens = 0
@@ -77,6 +80,7 @@ class Meter:
         self.samples = self.tokens = 0
         self.logged_step = state.step
         self.interval_start = time.perf_counter()
+        self.budget.check()  # host values only: over its budget, the run ends here (OverBudget)
         return None
 
     def summarize(self) -> None:

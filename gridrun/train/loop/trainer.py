@@ -26,9 +26,10 @@ from gridrun.runs.runlog import MetricsWriter, NullWriter
 from gridrun.spec import RunSpec
 from gridrun.train import checkpoint, environment
 from gridrun.train.data import to_device
-from gridrun.train.diagnostics import unused_warning
+from gridrun.train.diagnostics import peak_reserved, unused_warning
 from gridrun.train.loop.build import build, resolve_precision, training_loader
 from gridrun.train.loop.combine import Combiner, agree
+from gridrun.train.loop.memory import MemoryBudget, budget_from_env
 from gridrun.train.loop.meter import Meter
 from gridrun.train.loop.probe import Probe
 from gridrun.train.loop.state import RESUME_KEYS, Checkpointer, TrainState, resume
@@ -68,6 +69,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         log(f"warning: {message}")
 
     device, setup, state, writer = torch.device("cpu"), None, None, None
+    budget = MemoryBudget()  # none until the device is known
     switched_off = randomness.switched_off()  # the run sets its own; put back at its end
     try:
         # ---- seed and build
@@ -75,6 +77,8 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         if device.type == "cuda" and world.size > 1:
             device = torch.device("cuda", world.rank)  # rank r: the r-th GPU it was given
             torch.cuda.set_device(device)
+        budget = MemoryBudget.from_env(device)  # the engine's share of a GPU it packs runs on
+        budget.apply(log)  # before the model is on the device
         setup = build(run, device, summary, probe, warn, world)
 
         # ---- resume (rank 0 first: it sets damaged files aside, the others then read)
@@ -95,7 +99,7 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
         log(f"run {run.id} {run.experiment} {run.variant or ''} seed {run.seed}: {setup.total} steps "
             f"on {summary['device']} ({setup.precision})")
         loader = training_loader(setup)
-        meter = Meter(setup, state, writer, summary, log)
+        meter = Meter(setup, state, writer, summary, log, budget)
         pause = run.pause_at if run.pause_at and run.pause_at < run.trainer["epochs"] else None
         if pause and state.epoch >= pause:  # resumed where it waits: nothing to train yet
             status = waiting(pause, log)
@@ -154,12 +158,14 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
     except Exception as exc:
         if world.size > 1 and peer_gone(exc):  # not this run's failure: a rank is gone
             collective_failed(world, exc)
-        record_exception(summary, exc, device, state, run.trainer["detect_anomaly"], log)
+        record_exception(summary, exc, device, state, run.trainer["detect_anomaly"], log, budget)
     finally:
         randomness.configure(switched_off)
         if writer is not None:
             writer.close()
     summary["peak_memory_bytes"] = peak_memory(device, setup.diagnostics.peak if setup else 0)
+    summary["peak_reserved_bytes"] = peak_reserved(device,
+                                                   setup.diagnostics.peak_reserved if setup else 0)
     summary["ended_at"] = time.time()
     summary["wall_time_s"] = summary["ended_at"] - started
     return summary
@@ -170,7 +176,7 @@ def new_summary(run: RunSpec, started: float) -> dict[str, Any]:
     return records.Summary(
         run_id=run.id, experiment=run.experiment, variant=run.variant, ablation=run.ablation,
         seed=run.seed, task=run.task, status=states.FAILED, step=0, epoch=0, started_at=started,
-        torch_version=torch.__version__).to_json()
+        torch_version=torch.__version__, memory_budget_bytes=budget_from_env()).to_json()
 
 
 def waiting(epoch: int, log: Callable[[str], None]) -> str:
@@ -188,13 +194,18 @@ def diverged(summary: dict[str, Any], step: int, what: str, log: Callable[[str],
 
 def record_exception(summary: dict[str, Any], exc: Exception, device: torch.device,
                      state: TrainState | None, anomaly_mode: bool,
-                     log: Callable[[str], None]) -> None:
-    """What ended the run early, in the summary: the environment, memory, a
-    non-finite value caught by anomaly mode (diverged, not failed), or a failure."""
+                     log: Callable[[str], None], budget: MemoryBudget | None = None) -> None:
+    """What ended the run early, in the summary: the environment, its memory budget
+    (outgrown, or a CUDA OOM its cap caused), memory, a non-finite value caught by
+    anomaly mode (diverged, not failed), or a failure."""
     step = state.step if state else 0
     if isinstance(exc, environment.EnvironmentProblem):
         summary.update(status=states.FAILED, error=str(exc))
         log(str(exc))
+    elif budget is not None and (over := budget.over(exc)) is not None:
+        summary.update(status=states.OOM, error=str(over), memory_budget_bytes=over.budget,
+                       memory_needed_bytes=over.needed)
+        log(str(over))
     elif isinstance(exc, torch.OutOfMemoryError):
         summary.update(status=states.OOM, error=f"out of memory: {exc}")
         if device.type == "cuda":

@@ -1,0 +1,200 @@
+"""Runs packed on a GPU by their memory, and the GPU memory every gridrun engine on the
+machine has committed (engine/ledger.py).
+
+- A run's **shape** is its config without its seed, its experiment's name and the keys
+  that never change the memory a run takes (learning rate, schedule, run length, ...):
+  runs of one shape take the same memory, so one measurement serves them all.
+- A run's **budget** (bytes, the CUDA context included) is, in this order: its
+  `gpu_memory` key; the need it measured when it outgrew its budget (retried once,
+  `retry_budget`); the largest need measured by a run of its shape (`need_of`), plus
+  MARGIN. Under `runs_per_gpu = "auto"` a run of an unknown shape has none and starts
+  alone on a GPU, committing all of it; under an integer `runs_per_gpu` = n each run
+  commits a 1/n share of its GPU (never enforced: that is what n always meant).
+- A GPU's **room** is its memory less what this engine's runs commit, what other
+  engines commit (the ledger) and, under `foreign = "share"`, what other people's
+  processes use. `placement.plan` places by it, best fit first.
+
+The run enforces its own budget (train/loop/memory.py, GRIDRUN_MEMORY_BUDGET): one that
+outgrows it fails alone and the engine retries it once with the need it measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gridrun.spec.keys import TRAINER_KEYS
+from gridrun.train.loop.memory import CONTEXT  # the run's: its budget less this caps the allocator
+
+MARGIN = 0.10  # over a measured need: allocator fragmentation, a longer batch
+RETRY = 0.50  # over the need a run measured when it outgrew its budget
+ROUND = 64 << 20  # budgets are whole multiples of this
+GIB = 1 << 30
+# trainer keys that change what a run computes but never how much memory it takes
+MEMORY_NEUTRAL = frozenset({
+    "epochs", "max_steps", "lr", "nesterov", "betas", "weight_decay", "schedule", "warmup",
+    "min_lr", "step_size", "gamma", "clip_grad", "eval_every", "log_every",
+    "early_stop_patience", "early_stop_metric", "vary", "seed_init", "seed_order",
+    "seed_augment", "seed_model", "shuffle", "dropout_layers"})
+STATE = "gpu_memory"  # store state: the memory book for `engine status` and the interface
+
+
+def shape(config: Mapping[str, Any]) -> str:
+    """The run's shape: a hash of what decides its memory (task, task keys, the trainer
+    keys but the MEMORY_NEUTRAL ones and those outside the run id, bar activation
+    checkpointing, which does change memory)."""
+    trainer = {k: v for k, v in (config.get("trainer") or {}).items()
+               if k not in MEMORY_NEUTRAL and (k == "checkpoint_modules" or k not in TRAINER_KEYS
+                                               or TRAINER_KEYS[k].affects_results)}
+    blob = json.dumps({"task": config.get("task"), "task_args": config.get("task_args") or {},
+                       "trainer": trainer}, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def rounded(n: float) -> int:
+    return int(math.ceil(n / ROUND) * ROUND)
+
+
+def measured(summary: Mapping[str, Any] | None) -> int | None:
+    """The memory a run took, from its summary: on a GPU the larger of the allocator's
+    reserved and allocated peaks plus the context, or what it needed when it outgrew its
+    budget; on the CPU (stand-in GPUs) its peak resident memory. None before a first step."""
+    s = summary or {}
+    over = s.get("memory_needed_bytes")
+    if not (isinstance(s.get("step"), int) and s["step"] >= 1) and not over:
+        return None  # it never trained a step: what it took says nothing of its need
+    nums = [v for k in ("peak_reserved_bytes", "peak_memory_bytes")
+            if isinstance(v := s.get(k), int | float) and v > 0]
+    cuda = str(s.get("device") or "").startswith("cuda")
+    need = max(nums) + (CONTEXT if cuda else 0) if nums else None
+    if isinstance(over, int | float) and over > 0:
+        need = max(need or 0, int(over))
+    return int(need) if need else None
+
+
+def user_budget(config: Mapping[str, Any]) -> int | None:
+    """The run's `gpu_memory` key in bytes, or None ("auto")."""
+    value = (config.get("trainer") or {}).get("gpu_memory", "auto")
+    return rounded(value * GIB) if isinstance(value, int | float) and value > 0 else None
+
+
+def retry_budget(needed: int) -> int:
+    """The budget of a run retried after it outgrew its own, from what it needed then."""
+    return rounded(needed * (1 + RETRY))
+
+
+@dataclass(frozen=True)
+class Room:
+    """One GPU's memory as placement sees it (bytes)."""
+
+    total: int
+    free: int  # total less every commitment and, when shared, others' processes
+    empty: bool  # no run of this engine nor of another engine is committed there
+
+
+class Book:
+    """What this engine knows of GPU memory: each shape's measured need, the GPUs'
+    sizes, its runs' commitments; `room` folds in other engines' and people's use."""
+
+    def __init__(self, runs_per_gpu: int | str = 1):
+        self.auto = runs_per_gpu == "auto"
+        self.share = 1.0 if self.auto else 1.0 / max(1, int(runs_per_gpu))
+        self.needs: dict[str, int] = {}  # shape -> the largest need measured
+        self.totals: dict[Any, int] = {}  # GPU (placement.gpu_of) -> bytes
+        self.keys: dict[Any, str] = {}  # GPU -> its ledger key (UUID, else "index:N")
+
+    def learn(self, config: Mapping[str, Any] | None, summary: Mapping[str, Any] | None) -> None:
+        """A run ended: what it measured serves every run of its shape."""
+        need = measured(summary)
+        if config and need:
+            key = shape(config)
+            self.needs[key] = max(need, self.needs.get(key, 0))
+
+    def need_of(self, config: Mapping[str, Any]) -> int | None:
+        return self.needs.get(shape(config))
+
+    def budget(self, config: Mapping[str, Any], adjustments: Iterable[Mapping[str, Any]] = ()
+               ) -> int | float | None:
+        """What the run commits on each GPU it takes: bytes; a share of the GPU (a
+        float, integer runs_per_gpu); None: unknown, it starts alone (auto)."""
+        retried = [a["budget_bytes"][1] for a in adjustments
+                   if a.get("kind") == "budget" and isinstance(a.get("budget_bytes"), list)]
+        if retried:  # it outgrew its budget once: what it measured then, whatever else says
+            return int(max(retried))
+        if (mine := user_budget(config)) is not None:
+            return mine
+        if not self.auto:
+            return self.share
+        need = self.need_of(config)
+        return rounded(need * (1 + MARGIN)) if need else None
+
+    def sizes(self, gpus: Iterable[Mapping[str, Any]]) -> None:
+        """The GPUs' sizes and ledger keys from a telemetry sample's `gpus`."""
+        for g in gpus:
+            index, total = g.get("index"), g.get("mem_total_bytes")
+            if isinstance(index, int) and isinstance(total, int) and total > 0:
+                for key in {index, g.get("uuid")} - {None}:
+                    self.totals[key] = total
+                    self.keys[key] = g.get("uuid") or f"index:{index}"
+
+    def rooms(self, ours: Mapping[Any, int], others: Mapping[str, int],
+              foreign: Mapping[Any, int], gpus: Iterable[Any]) -> dict[Any, Room] | None:
+        """Each GPU's room: `ours` (GPU -> bytes our runs commit), `others` (ledger key ->
+        bytes other engines commit), `foreign` (GPU -> bytes others' processes use, counted
+        when packing by memory). None when a GPU's size is unknown: then slots alone decide."""
+        out = {}
+        for gpu in gpus:
+            total = self.totals.get(gpu)
+            if total is None:
+                return None
+            mine, theirs = ours.get(gpu, 0), others.get(self.keys[gpu], 0)
+            # an integer runs_per_gpu places by slots: others' processes are what "share"
+            # means to sit beside; only other engines' shares are kept apart from ours
+            used = foreign.get(gpu, 0) if self.auto else 0
+            out[gpu] = Room(total, total - mine - theirs - used, mine == 0 and theirs == 0)
+        return out
+
+
+def commit(budget: int | float | None, room: Room) -> int | None:
+    """The bytes a run commits on a GPU with `room`, or None when it does not fit."""
+    if budget is None:  # unknown shape: alone, and all of the GPU
+        return room.free if room.empty and room.free > 0 else None
+    need = budget if isinstance(budget, int) else int(room.total * budget)
+    return need if need <= room.free else None
+
+
+def gib(n: Any) -> str:
+    return f"{n / GIB:.1f} GiB" if isinstance(n, int | float) else "?"
+
+
+def book_lines(state: Any) -> list[str]:
+    """`engine status`'s lines for the memory book (STATE): a line per GPU, and why the
+    first queued run waits for memory; [] for anything else."""
+    if not isinstance(state, dict) or not isinstance(state.get("gpus"), list):
+        return []
+    out = []
+    for g in state["gpus"]:
+        if not isinstance(g, dict):
+            continue
+        runs = g.get("runs") or 0
+        out.append(f"gpu{g.get('gpu')}: {gib(g.get('total'))}: {gib(g.get('ours'))} committed by "
+                   f"{runs} run{'s' * (runs != 1)} here, {gib(g.get('others'))} by other gridrun "
+                   f"engines, {gib(g.get('foreign'))} used by others' processes; "
+                   f"{gib(max(0, g.get('free') or 0))} free")
+    if isinstance(state.get("ledger"), str):
+        out.append(state["ledger"])
+    wait = state.get("waits")
+    if isinstance(wait, dict) and isinstance(wait.get("busy"), str):
+        out.append(f"queue: {wait['busy']}")
+    elif isinstance(wait, dict):
+        need = wait.get("need")
+        what = f"{gib(need)} free" if isinstance(need, int) else "a GPU of its own (its shape " \
+            "was never measured)"
+        held = f"; other gridrun engines commit {gib(wait['others'])}" if wait.get("others") else ""
+        out.append(f"queue: no GPU has {what} for {wait.get('run_id')} (the most free: "
+                   f"{gib(wait.get('free'))}{held}): it and the runs after it wait")
+    return out

@@ -1,0 +1,70 @@
+"""The engine's samples, each on its own clock: telemetry (GPUs, CPU, memory) for the
+store, and the processes on the GPUs, whose run each is and which GPUs others take
+(engine/foreign.py). The sampling half of `Engine` (scheduler.py); a sample never stops
+the engine, bar a full disk (the engine then waits for space)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from gridrun.engine import placement
+from gridrun.engine.foreign import Watch, gpu_lines
+from gridrun.runs import space
+
+log = logging.getLogger("gridrun.engine")
+
+
+class Sampling:
+    """What the sampling half needs of the engine."""
+
+    telemetry: Any
+    telemetry_every: float
+    processes_every: float
+    _next_sample: float
+    _next_processes: float
+    others: Watch
+    sharing: Any
+    active: dict[str, Any]
+    slots: list[Any]
+    store: Any
+
+    def sample_telemetry(self) -> None:
+        if self.telemetry is None:
+            return
+        now = time.monotonic()
+        if now < self._next_sample:
+            return
+        self._next_sample = now + self.telemetry_every
+        try:
+            self._sample(now)
+        except Exception as e:  # telemetry never stops the engine (a full disk: the wait)
+            if space.is_no_space(e):
+                raise
+
+    def _sample(self, now: float) -> None:
+        sample = self.telemetry.sample()
+        sample = sample.to_dict() if hasattr(sample, "to_dict") else dict(sample)
+        if self.sharing:
+            self.sharing.book.sizes(sample.get("gpus") or [])
+        self.sample_processes(now)
+        sample["processes"] = self.others.listed
+        self.store.record_telemetry(sample, t=sample.get("t"))
+
+    def sample_processes(self, now: float) -> None:
+        """Every `processes_every` s: the processes on the GPUs, whose run each is, and
+        the GPUs others take (engine/foreign.py; logged when that changes)."""
+        if self.telemetry is None or now < self._next_processes:
+            return
+        self._next_processes = now + self.processes_every
+        runs = {a.handle.pid: a.run_id for a in self.active.values()}
+        held = {p.gpu for a in self.active.values() if a.slot for p in a.slot.parts}
+        keys = {g for s in self.slots if (g := placement.gpu_of(s)) is not None}
+        friends = self.sharing.friends() if self.sharing else ()  # other engines' runs
+        try:
+            if self.others.sample(self.telemetry, runs, keys, held, friends):
+                for line in gpu_lines(self.others.state()) or ["no GPU is taken by others"]:
+                    log.info("%s", line)
+        except Exception:  # telemetry never stops the engine
+            log.debug("could not sample the GPUs' processes", exc_info=True)

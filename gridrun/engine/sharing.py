@@ -1,0 +1,142 @@
+"""The engine's side of sharing its GPUs with other gridrun engines and other people:
+its memory book (packing.Book), the machine-wide ledger it reads and writes
+(ledger.Ledger), what each of its runs commits, and the store state that shows it
+(packing.STATE: `engine status`, the interface's machine panel).
+
+Placing is read, decide, write under the ledger's lock (`placing`), so two engines never
+commit more than a GPU's memory between them; a commitment that ends is written without
+it (`publish`: less is always safe). Only an engine of this machine (the local backend)
+with GPU slots takes part; a GPU whose size NVML does not give is placed by slots alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from gridrun.engine import packing
+from gridrun.engine.backends.base import Slot
+from gridrun.engine.ledger import Entry, Ledger
+from gridrun.engine.placement import gpu_of
+from gridrun.runs import states
+
+log = logging.getLogger("gridrun.engine")
+
+
+class Sharing:
+    def __init__(self, runs_per_gpu: int | str, slots: Sequence[Slot], ledger: Ledger | None = None):
+        self.book = packing.Book(runs_per_gpu)
+        self.gpus = list(dict.fromkeys(g for s in slots if (g := gpu_of(s)) is not None))
+        self.ledger = ledger if ledger is not None else Ledger()
+        self.others: list[Entry] = []
+        self._published: Any = None
+        self.sized = False  # every GPU's size known (else under "auto" a run takes a GPU alone)
+        if self.ledger.problem:
+            log.warning("%s", self.ledger.problem)
+
+    @classmethod
+    def for_engine(cls, runs_per_gpu: Any, slots: Sequence[Slot], local: bool,
+                   ledger: Ledger | None = None) -> Sharing | None:
+        """The engine's Sharing, or None: not this machine's GPUs (SLURM, Ray, CPU slots)."""
+        if not local or not any(s.gpu is not None for s in slots):
+            return None
+        return cls(runs_per_gpu if runs_per_gpu == "auto" else max(1, int(runs_per_gpu or 1)),
+                   slots, ledger)
+
+    # ---- what runs measure and commit ------------------------------------------------
+
+    def learn_from(self, runs: Any) -> None:
+        """Every ended run's measurement (the store's copies of their summaries)."""
+        for run in runs:
+            if run.status in states.FINISHED:
+                self.book.learn(run.config, run.summary)
+
+    def budget(self, run: Any) -> int | float | None:
+        """What `run` commits on each GPU it takes (packing.Book.budget): under "auto",
+        with the GPUs' sizes unknown, nothing to measure against: a GPU alone."""
+        if self.book.auto and not self.sized:
+            return None
+        return self.book.budget(run.config, run.adjustments)
+
+    def commits(self, active: Mapping[str, Any]) -> dict[Any, int]:
+        """GPU -> the bytes this engine's runs commit there."""
+        out: dict[Any, int] = {}
+        for act in active.values():
+            for part in act.slot.parts if act.slot and act.commit else ():
+                out[gpu_of(part)] = out.get(gpu_of(part), 0) + act.commit
+        return out
+
+    def friends(self) -> set[int]:
+        """The pids of other engines' runs: theirs, committed in the ledger, not foreign."""
+        return {pid for e in self.others for pid in e.pids}
+
+    def others_threads(self) -> list[int]:
+        return [e.threads for e in self.others if e.threads]
+
+    # ---- placing -----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def placing(self, active: Mapping[str, Any], foreign: Mapping[Any, int]
+                ) -> Iterator[dict[Any, packing.Room] | None]:
+        """Under the ledger's lock: each GPU's room (None: a GPU's size is unknown). What
+        the body starts is written to the ledger before the lock goes (ledger.LedgerBusy
+        when another engine holds it too long: nothing starts this time)."""
+        with self.ledger.held():
+            self.others = self.ledger.others()
+            theirs: dict[str, int] = {}
+            for entry in self.others:
+                for key, n in entry.gpus.items():
+                    theirs[key] = theirs.get(key, 0) + n
+            ours = self.commits(active)
+            rooms = self.book.rooms(ours, theirs, foreign, self.gpus)
+            self.sized = rooms is not None
+            if rooms is None and self.book.auto:  # sizes unknown: one run a GPU, as 1 would
+                rooms = {g: packing.Room(1, 0 if ours.get(g) else 1, not ours.get(g))
+                         for g in self.gpus}
+            yield rooms
+            self.publish(active)
+
+    def publish(self, active: Mapping[str, Any]) -> None:
+        """This engine's entry in the ledger, when it changed."""
+        ours = self.commits(active)
+        entry = ({self.book.keys.get(g, f"index:{g}"): n for g, n in ours.items()},
+                 sum(a.threads for a in active.values()),
+                 sorted(a.handle.pid for a in active.values()))
+        if entry != self._published:
+            self.ledger.write(*entry)
+            self._published = entry
+
+    def close(self) -> None:
+        self.ledger.close()
+
+    # ---- the store state --------------------------------------------------------------
+
+    def state(self, active: Mapping[str, Any], rooms: Mapping[Any, packing.Room] | None,
+              foreign: Mapping[Any, int], waits: Mapping[str, Any] | None) -> dict[str, Any]:
+        """packing.STATE's value: per GPU its size, what our runs, other engines and
+        others' processes take, and what is free; why the first queued run waits."""
+        ours, runs = self.commits(active), {}
+        for act in active.values():
+            for part in act.slot.parts if act.slot and act.commit else ():
+                runs[gpu_of(part)] = runs.get(gpu_of(part), 0) + 1
+        gpus = []
+        for gpu in self.gpus:
+            room, key = (rooms or {}).get(gpu), self.book.keys.get(gpu)
+            others = sum(e.gpus.get(key, 0) for e in self.others) if key else 0
+            gpus.append({"gpu": gpu, "total": self.book.totals.get(gpu), "ours": ours.get(gpu, 0),
+                         "runs": runs.get(gpu, 0), "others": others,
+                         "foreign": foreign.get(gpu, 0), "free": room.free if room else None})
+        wait = dict(waits) if waits else None
+        if wait is not None:
+            wait["others"] = sum(g["others"] for g in gpus)
+        return {"mode": "auto" if self.book.auto else "slots", "gpus": rounded(gpus),
+                "waits": wait, "ledger": self.ledger.problem}
+
+
+def rounded(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Byte counts to packing.ROUND: the state changes, and is written, when memory moves
+    by more than that, not with every sample of others' processes."""
+    return [{k: (v // packing.ROUND * packing.ROUND if isinstance(v, int) and k not in ("gpu", "runs")
+                 else v) for k, v in g.items()} for g in gpus]
