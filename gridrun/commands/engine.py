@@ -232,10 +232,12 @@ def engine_stop(root: RootOption = DEFAULT_ROOT,
 def engine_status(root: RootOption = DEFAULT_ROOT,
                   as_json: Annotated[bool, typer.Option(
                       "--json", help="One JSON object: running, starting, pid, responding, "
-                      "heartbeat_age, paused, counts, log, foreign_gpus.")] = False) -> None:
+                      "heartbeat_age, paused, counts, log, foreign_gpus, gpu_memory (each GPU's memory: "
+                      "committed by this engine's runs, by other engines, used by others' "
+                      "processes, free; why the queue waits for memory).")] = False) -> None:
     """Whether the engine runs, the queue's counts, and why queued runs wait (threads,
-    slots, GPUs other users' processes take)."""
-    from gridrun.engine import daemon, foreign
+    slots, GPUs other users' processes take, GPU memory)."""
+    from gridrun.engine import daemon, foreign, packing
 
     with _reader(root) as store:
         st = daemon.status(root, store=store)
@@ -243,6 +245,7 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
         cap = store.get_state("cpu_cap") if st.running else None  # scheduler.CPU_CAP
         short = store.get_state("slots_wait") if st.running else None  # scheduler.SLOTS_WAIT
         others = store.get_state(foreign.STATE) if st.running else None  # scheduler.FOREIGN
+        book = store.get_state(packing.STATE) if st.running else None  # the memory book
     cap = cap if isinstance(cap, dict) and counts.get("queued") else None
     short = short if isinstance(short, dict) and counts.get("queued") else None
     if as_json:
@@ -251,7 +254,7 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
                                "waiting_for_space": st.waiting_for_space, "free_bytes": st.free_bytes,
                                "state": st.state, "paused": paused, "counts": counts,
                                "log": str(st.log), "cpu_cap": cap, "slots_wait": short,
-                               "foreign_gpus": others}))
+                               "foreign_gpus": others, "gpu_memory": book}))
         return
     state = "not running" if not st.running else (
         f"starting its backend (pid {st.pid})" if st.starting else f"running (pid {st.pid})")
@@ -275,6 +278,8 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
     for line in foreign.gpu_lines(others):  # GPUs other users' processes take
         typer.echo(line)
     if counts.get("queued") and (line := foreign.waits_line(others)):
+        typer.echo(line)
+    for line in packing.book_lines(book):  # each GPU's memory; why the queue waits for it
         typer.echo(line)
 
 

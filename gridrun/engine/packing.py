@@ -192,9 +192,11 @@ def book_lines(state: Any) -> list[str]:
         out.append(f"queue: {wait['busy']}")
     elif isinstance(wait, dict):
         need = wait.get("need")
-        what = f"{gib(need)} free" if isinstance(need, int) else "a GPU of its own (its shape " \
-            "was never measured)"
         held = f"; other gridrun engines commit {gib(wait['others'])}" if wait.get("others") else ""
-        out.append(f"queue: no GPU has {what} for {wait.get('run_id')} (the most free: "
-                   f"{gib(wait.get('free'))}{held}): it and the runs after it wait")
+        if isinstance(need, int):
+            out.append(f"queue: no GPU has {gib(need)} free for {wait.get('run_id')} (the most "
+                       f"free: {gib(wait.get('free'))}{held}): it and the runs after it wait")
+        else:
+            out.append(f"queue: {wait.get('run_id')} waits for a GPU of its own (its shape was "
+                       f"never measured{held}): it and the runs after it wait")
     return out

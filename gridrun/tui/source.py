@@ -46,6 +46,28 @@ class RunRow:
 
 
 @dataclass(frozen=True)
+class GpuMemory:
+    """One GPU's memory as the engine's memory book last said it (bytes; engine/packing.py)."""
+
+    ours: float | None = None  # committed by this engine's runs
+    runs: int = 0  # how many of them
+    engines: float | None = None  # committed by other gridrun engines (the machine-wide ledger)
+    others: float | None = None  # used by other people's processes
+    free: float | None = None  # None: the GPU's size is not known
+
+
+@dataclass(frozen=True)
+class MemoryWait:
+    """Why the first queued run waits for GPU memory (bytes)."""
+
+    run_id: str = ""
+    need: float | None = None  # None: a shape never measured, which wants a GPU of its own
+    free: float | None = None  # the most any GPU has free
+    engines: float | None = None  # what other gridrun engines commit
+    busy: str = ""  # the ledger was held too long: the engine's one line, instead of the above
+
+
+@dataclass(frozen=True)
 class GpuRow:
     index: int
     name: str
@@ -58,6 +80,7 @@ class GpuRow:
     history: tuple[float, ...] = ()  # utilisation over the last minute
     others: tuple[str, ...] = ()  # other users' processes taking it: "alice 20.0 GiB"
     shared: bool = False  # [engine] foreign = "share": new runs start there anyway
+    memory: GpuMemory | None = None  # runs packed by memory: who holds what (None: not said)
 
 
 @dataclass(frozen=True)
@@ -69,6 +92,8 @@ class Machine:
     ram_used: float | None = None
     ram_total: float | None = None
     cpu_history: tuple[float, ...] = ()
+    memory_wait: MemoryWait | None = None  # the queue waits for GPU memory
+    ledger: str = ""  # why this engine does not coordinate its GPUs with other engines
 
 
 @dataclass(frozen=True)
@@ -101,6 +126,16 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class RunMemory:
+    """A run's memory (bytes): the budget the engine gave it and what it measured."""
+
+    budget: float | None = None  # enforced (Run.placement), else its summary's
+    peak: float | None = None  # CUDA's reserved peak, else the allocated (RSS on the CPU) one
+    needed: float | None = None  # what it needed when it outgrew its budget
+    retried: float | None = None  # the budget it was retried with after that
+
+
+@dataclass(frozen=True)
 class RunDetail:
     config: Mapping[str, Any]
     summary: Mapping[str, Any] | None
@@ -108,6 +143,7 @@ class RunDetail:
     notes: tuple[str, ...] = ()  # what the reader left out, e.g. unreadable metrics lines
     verdict: Verdict | None = None
     where: str = ""  # a SLURM job's id, state, node and GPUs (Run.where); "" on this machine
+    memory: RunMemory | None = None  # its GPU memory budget and what it measured
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from gridrun.runs.progress import INPUT_BOUND, INPUT_BOUND_SHARE, Progress, fold
 from gridrun.runs.records import Summary
 from gridrun.runs.store import Run, Store
 from gridrun.spec.search import bracket_of, rungs
+from gridrun.tui.memory import MEMORY, Book, book, run_memory
 from gridrun.tui.source import (
     EngineState,
     GpuRow,
@@ -118,6 +119,7 @@ class StoreSource(StoreTables):
         self._telemetry_t = 0.0
         self._on_gpus: dict[int, tuple[str, ...]] = {}  # the running runs' GPUs (their slots)
         self._taken: dict[Any, tuple[bool, tuple[str, ...]]] = {}  # GPUs others take (FOREIGN)
+        self._book = Book()  # the GPUs' memory (MEMORY)
         self._history: dict[str, deque[float]] = {}
         self._engine: EngineState | None = None
         self._first = True  # the first poll warns of an empty store beside run folders
@@ -187,11 +189,12 @@ class StoreSource(StoreTables):
     def _machine(self) -> Machine | None:
         """A new telemetry sample, or the runs on its GPUs changed: the machine again."""
         sample, holders, taken = self.store.latest_telemetry(), self._holders(), self._others()
-        if sample is None or (sample.t, holders, taken) == (self._telemetry_t, self._on_gpus,
-                                                            self._taken):
+        memory = book(self._said(MEMORY))
+        if sample is None or (sample.t, holders, taken, memory) == (
+                self._telemetry_t, self._on_gpus, self._taken, self._book):
             return None
         new, self._telemetry_t, self._on_gpus = sample.t != self._telemetry_t, sample.t, holders
-        self._taken = taken
+        self._taken, self._book = taken, memory
         d = sample.data
         # a GPU's runs: those whose process the engine saw on it, then those whose slot holds it
         on_gpu: dict[Any, dict[str, None]] = {}
@@ -211,24 +214,31 @@ class StoreSource(StoreTables):
                                temp=g.get("temperature_c"),
                                runs=tuple(on_gpu.get(g.get("index"), ())), history=tuple(hist),
                                others=taken.get(g.get("index"), (False, ()))[1],
-                               shared=taken.get(g.get("index"), (False, ()))[0]))
+                               shared=taken.get(g.get("index"), (False, ()))[0],
+                               memory=memory.gpus.get(g.get("index"))
+                               or memory.gpus.get(g.get("uuid"))))
         system = d.get("system") or {}
         cpu = self._history.setdefault("cpu", deque(maxlen=60))
         if new:
             cpu.append(system.get("cpu_percent") or 0.0)
         return Machine(gpus=tuple(gpus), cpu_percent=system.get("cpu_percent"),
                        ram_used=system.get("ram_used_bytes"),
-                       ram_total=system.get("ram_total_bytes"), cpu_history=tuple(cpu))
+                       ram_total=system.get("ram_total_bytes"), cpu_history=tuple(cpu),
+                       memory_wait=memory.wait, ledger=memory.ledger)
+
+    def _said(self, key: str) -> Any:
+        """A store state the running engine keeps (None while it does not run)."""
+        if self._engine is None or not self._engine.running:
+            return None
+        try:
+            return self.store.get_state(key)
+        except Exception:  # a busy or damaged store: the panel goes on without it
+            return None
 
     def _others(self) -> dict[Any, tuple[bool, tuple[str, ...]]]:
         """GPU index -> (shared, "alice 20.0 GiB" per process) for the GPUs other users'
         processes take, as the running engine last said (its FOREIGN state)."""
-        if self._engine is None or not self._engine.running:
-            return {}
-        try:
-            state = self.store.get_state(FOREIGN)
-        except Exception:  # a busy or damaged store: the panel goes on without it
-            return {}
+        state = self._said(FOREIGN)
         if not isinstance(state, dict) or not isinstance(state.get("gpus"), list):
             return {}
         out = {}
@@ -273,8 +283,10 @@ class StoreSource(StoreTables):
             when = found.get("when")
             when = when if isinstance(when, int | float) and math.isfinite(when) else None
             shown = Verdict(found["ok"], verdict.describe(found, short=True), when)
-        return RunDetail(config=run.spec.config, summary=summary and summary.to_json(), error=run.error, notes=notes,
-                         verdict=shown, where=run.where)
+        data = summary and summary.to_json()
+        return RunDetail(config=run.spec.config, summary=data, error=run.error, notes=notes,
+                         verdict=shown, where=run.where,
+                         memory=run_memory(run.placement, run.adjustments, data))
 
     # ---- actions: intents written into the store ------------------------------------------
 

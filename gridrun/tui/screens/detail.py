@@ -17,7 +17,7 @@ from textual.widgets import Input, Static, TabbedContent, TabPane
 from gridrun.runs import records as rec
 from gridrun.runs.states import FINISHED
 from gridrun.tui.guard import refresh
-from gridrun.tui.source import ACTIVE, RunDetail, RunRow, Verdict
+from gridrun.tui.source import ACTIVE, RunDetail, RunMemory, RunRow, Verdict
 from gridrun.tui.widgets import fmt
 from gridrun.tui.widgets.curves import DEFAULT_SMOOTHING, Curves, Series, step_smoothing
 from gridrun.tui.widgets.diagnostics import Diagnostics
@@ -212,6 +212,8 @@ class DetailScreen(Smoothing, Screen):
             summary.append_text(fmt.verdict(d.verdict)).append("\n\n")
         if d.where:  # a SLURM job's id, state, node and GPUs
             summary.append(fmt.text(d.where, 400) + "\n\n", style="dim")
+        if d.memory is not None:  # the budget it ran under, what it measured
+            summary.append(memory_text(d.memory) + "\n\n", style="dim")
         for note in d.notes:
             summary.append(fmt.text(note, 400) + "\n", style="yellow")
         trace = (d.summary or {}).get("traceback") or d.error
@@ -334,6 +336,15 @@ class DetailScreen(Smoothing, Screen):
 
 
 OUTPUT_BYTES = 256 * 1024  # the output view holds the last 256 KiB of the run's output
+
+
+def memory_text(m: RunMemory) -> str:
+    """'memory: budget 4.0 GiB · peak 3.1 GiB', with what it needed when it outgrew its
+    budget and the budget it was retried with."""
+    parts = [f"{what} {n / 2**30:.1f} GiB" for what, n in (
+        ("budget", m.budget), ("peak", m.peak), ("needed", m.needed), ("retried with", m.retried))
+        if n is not None]
+    return "memory: " + " · ".join(parts)
 
 
 def config_text(config: Any) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from gridrun.tui.source import EngineState, Machine
+from gridrun.tui.source import EngineState, GpuMemory, Machine, MemoryWait
 from gridrun.tui.widgets import fmt
 
 ORDER = ("running", "queued", "waiting", "completed", "stopped", "failed", "diverged", "oom", "cancelled",
@@ -58,11 +58,14 @@ class StatusHeader(Static):
 
 
 class MachinePanel(Static):
-    """A line per GPU (or CPU and RAM without one) with a minute of history."""
+    """A line per GPU (or CPU and RAM without one) with a minute of history; under it, when
+    the engine packs runs by memory, who holds the GPU's memory, and why the queue waits."""
+
+    BOOK_LINES = 6  # the panel's height when it shows memory (main.tcss: #machine.-book)
 
     def show(self, m: Machine) -> None:
         width = max(10, min(60, self.size.width - 60))
-        lines = []
+        blocks: list[list[Text]] = []  # a GPU's lines
         for g in m.gpus:
             util = "n/a" if g.util is None else f"{g.util:3.0f}%"
             power = "" if g.power is None else f" {g.power:.0f}W"
@@ -73,10 +76,48 @@ class MachinePanel(Static):
             others = f"  {'shared with' if g.shared else 'taken by'} {', '.join(g.others)}" \
                 if g.others else ""
             spark = fmt.sparkline(g.history, max(10, width - len(others)) if others else width)
-            lines.append(f"gpu{g.index} {g.name[:18]:<18} {util} {spark} "
-                         f"{fmt.size(g.mem_used)}/{fmt.size(g.mem_total)}{power}{temp}{others}{runs}")
+            blocks.append([Text(f"gpu{g.index} {g.name[:18]:<18} {util} {spark} "
+                                f"{fmt.size(g.mem_used)}/{fmt.size(g.mem_total)}{power}{temp}"
+                                f"{others}{runs}")])
+            if g.memory is not None:
+                blocks[-1].append(Text(memory_line(g.memory)))
         if not m.gpus:
             cpu = "n/a" if m.cpu_percent is None else f"{m.cpu_percent:3.0f}%"
-            lines.append(f"cpu {cpu} {fmt.sparkline(m.cpu_history, width)}  "
-                         f"ram {fmt.size(m.ram_used)}/{fmt.size(m.ram_total)}  (no GPU)")
-        self.update("\n".join(lines))
+            blocks.append([Text(f"cpu {cpu} {fmt.sparkline(m.cpu_history, width)}  "
+                                f"ram {fmt.size(m.ram_used)}/{fmt.size(m.ram_total)}  (no GPU)")])
+        notes = [Text(n, style="yellow") for n in (wait_line(m.memory_wait), m.ledger) if n]
+        book = bool(notes) or any(g.memory is not None for g in m.gpus)
+        self.set_class(book, "-book")
+        if book:  # the GPUs that fit above the notes, each with its memory line
+            kept, room = [], self.BOOK_LINES - len(notes)
+            for block in blocks:
+                if len(block) > room:
+                    break
+                kept.append(block)
+                room -= len(block)
+            blocks = kept
+        self.update(Text("\n").join([line for block in blocks for line in block] + notes))
+
+
+def gib(n: float | None) -> str:
+    return "n/a" if n is None else f"{n / 2**30:.1f}"
+
+
+def memory_line(m: GpuMemory) -> str:
+    """'mem gridrun 24.0 GiB (3) · engines 8.0 · others 20.0 · free 28.0 GiB', under its GPU's
+    name: what this engine's runs commit (how many), other gridrun engines, other people's
+    processes, and what is free."""
+    return (f"     mem gridrun {gib(m.ours)} GiB ({m.runs}) · engines {gib(m.engines)} · "
+            f"others {gib(m.others)} · free {gib(m.free)}" + " GiB" * (m.free is not None))
+
+
+def wait_line(w: MemoryWait | None) -> str:
+    """Why the first queued run waits for GPU memory, in a line that fits 80 columns."""
+    if w is None:
+        return ""
+    if w.busy:
+        return f"waits: {w.busy}"
+    if w.need is None:
+        return f"waits: {w.run_id} wants a GPU alone (its shape was never measured)"
+    held = f" (engines hold {gib(w.engines)})" if w.engines else ""
+    return f"waits: {w.run_id} needs {gib(w.need)} GiB free, most free {gib(w.free)}{held}"
