@@ -167,9 +167,21 @@ def test_no_size_in_the_message_reads_as_none():
 @pytest.fixture
 def reserved(monkeypatch):
     """torch.cuda.memory_reserved answering what the test sets, no GPU needed."""
-    answer = {"bytes": 0}
+    answer = {"bytes": 0, "peak": None}
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: answer["bytes"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved",
+                        lambda device=None: answer["bytes"] if answer["peak"] is None else answer["peak"])
     return answer
+
+
+def test_an_oom_the_cap_caused_after_the_allocator_let_its_cache_go_is_the_budget_s(reserved):
+    """Before it raises, the allocator frees its cached blocks and tries again: what is
+    reserved then may be far under the cap; the peak it reserved is not."""
+    budget = MemoryBudget(4 * GIB, torch.device("cuda", 0))
+    reserved["bytes"], reserved["peak"] = 1 * GIB, int(3.4 * GIB)
+    over = budget.from_oom(cuda_oom("200.00 MiB"))
+    assert isinstance(over, OverBudget)
+    assert over.needed == int(3.4 * GIB) + 200 * MIB + CONTEXT
 
 
 def test_an_oom_the_cap_caused_is_the_budget_s_and_a_full_gpu_s_is_not(reserved):

@@ -122,7 +122,11 @@ class MemoryBudget:
         asked = requested_bytes(str(exc))
         if asked is None:
             return None
-        needed = int(torch.cuda.memory_reserved(self.device)) + asked + CONTEXT
+        # the peak, not what is reserved now: the allocator lets its cache go and tries
+        # again before it raises, so what is reserved then may be far under the cap
+        reserved = max(torch.cuda.memory_reserved(self.device),
+                       torch.cuda.max_memory_reserved(self.device))
+        needed = int(reserved) + asked + CONTEXT
         return OverBudget(needed, self.budget) if needed >= self.budget * CAUSED else None
 
     def over(self, exc: BaseException) -> OverBudget | None:
