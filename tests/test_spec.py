@@ -266,6 +266,28 @@ def test_engine_config(tmp_path):
     f.write_text('[engine]\ngpus = "all"\n')
     with pytest.raises(SpecError, match='expected "auto"'):
         load_engine_config(f)
+    f.write_text('[engine]\nruns_per_gpu = "auto"\n')
+    assert load_engine_config(f).runs_per_gpu == "auto"  # packed by memory (engine/packing.py)
+    f.write_text('[engine]\nruns_per_gpu = "max"\n')
+    with pytest.raises(SpecError, match='runs_per_gpu: expected an integer >= 1 or "auto"'):
+        load_engine_config(f)
+
+
+def test_gpu_memory_is_gib_or_auto_and_a_size_written_with_its_unit_gets_a_suggestion(tmp_path):
+    f = tmp_path / "e.toml"
+    f.write_text('[experiments.a]\ntask = "spirals"\ngpu_memory = 6\n')
+    (run,) = load_runs(f)
+    assert run.trainer["gpu_memory"] == 6.0
+    assert run.id == runs_of(tmp_path, '[experiments.a]\ntask = "spirals"\n', "other.toml")[0].id
+    f.write_text('[experiments.a]\ntask = "spirals"\ngpu_memory = "6GB"\n')
+    with pytest.raises(SpecError) as err:
+        load_runs(f)
+    assert "e.toml:3:" in str(err.value)
+    assert 'gpu_memory: expected "auto" or a number of GiB > 0' in str(err.value)
+    assert "did you mean gpu_memory = 6, in GiB?" in str(err.value)
+    f.write_text('[experiments.a]\ntask = "spirals"\ngpu_memory = "512 MiB"\n')
+    with pytest.raises(SpecError, match=r"did you mean gpu_memory = 0\.5, in GiB"):
+        load_runs(f)
 
 
 def test_spec_never_imports_torch():

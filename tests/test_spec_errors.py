@@ -48,7 +48,8 @@ CASES = {
     "long_name": ["long_name.toml:2:", "experiment name", "at most 100 characters"],
     "deep_nesting": ["deep_nesting.toml:", "not valid TOML", "nested too deeply"],
     "duplicate_cells": ["duplicate_cells.toml:1:", "same config", "'baseline' and 'same-lr'"],
-    "bad_engine": ["bad_engine.toml:5:", "engine.runs_per_gpu: expected an integer >= 1, got 0",
+    "bad_engine": ["bad_engine.toml:5:", "engine.runs_per_gpu: expected an integer >= 1 or \"auto\" (as many as "
+                   "their measured memory fits), got 0",
                    "bad_engine.toml:6:", 'expected "local" or "ray" or "slurm"',
                    "did you mean 'slurm'?",
                    "bad_engine.toml:7:", "did you mean 'gpus'?"],

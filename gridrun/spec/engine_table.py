@@ -70,7 +70,7 @@ def _check(key: str, value: Any) -> tuple[Any, str | None, str | None]:
         return "auto", None, None
     if key == "runs_per_gpu":
         return (value, None, None) if _int(value, 1) else (
-            None, 'an integer >= 1, or "auto" (as many as fit by measured memory)', None)
+            None, 'an integer >= 1 or "auto" (as many as their measured memory fits)', None)
     if key in ("cpu_slots", "cpus_per_run", "max_jobs", "runs_per_job"):
         return (value, None, None) if _int(value, 1) else (None, "an integer >= 1", None)
     if key == "gpus_per_run":

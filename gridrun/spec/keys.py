@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -302,6 +303,11 @@ def _in_range(key: Key, v: float) -> bool:
             and (key.max is None or v <= key.max) and (key.below is None or v < key.below))
 
 
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*(g|gb|gib|m|mb|mib|t|tb|tib)$", re.IGNORECASE)
+_UNIT = {"g": 1, "gb": 1, "gib": 1, "m": 1 / 1024, "mb": 1 / 1024, "mib": 1 / 1024, "t": 1024,
+         "tb": 1024, "tib": 1024}  # a size people write, in GiB
+
+
 def check_trainer_value(key: Key, value: Any) -> tuple[Any, str | None]:
     """(the value coerced to the key's type, None) or (None, what was expected)."""
     got = f"got {show_value(value)}" if not isinstance(value, dict | list) else f"got {toml_type(value)}"
@@ -341,10 +347,13 @@ def check_trainer_value(key: Key, value: Any) -> tuple[Any, str | None]:
         if value == "auto" or (_is_int(value) and _in_range(key, value)):
             return value, None
         return None, f'expected "auto" or an integer {_range_text(key)}, {got}'
-    if key.type == 'float or "auto"':
+    if key.type == 'float or "auto"':  # gpu_memory: GiB
         if value == "auto" or (_is_number(value) and math.isfinite(value) and _in_range(key, value)):
             return value if value == "auto" else float(value), None
-        return None, f'expected "auto" or a number {_range_text(key)}, {got}'
+        size = _SIZE.match(value.strip()) if isinstance(value, str) else None
+        hint = (f" (did you mean {key.name} = {float(size[1]) * _UNIT[size[2].lower()]:g}, in GiB?)"
+                if size else "")
+        return None, f'expected "auto" or a number of GiB {_range_text(key)}, {got}{hint}'
     if key.type == 'boolean or "auto"':
         if isinstance(value, bool) or value == "auto":
             return value, None
