@@ -322,3 +322,41 @@ def test_engine_status_says_why_a_run_waits_for_memory():
         "queue: no GPU has 12.0 GiB free for abc (the most free: 8.0 GiB; other gridrun engines "
         "commit 24.0 GiB): it and the runs after it wait"]
     assert packing.book_lines(None) == [] and packing.book_lines({"gpus": "x"}) == []
+
+
+def test_an_engine_restart_adopts_a_run_with_its_commitment(tmp_path, one_gpu):
+    """A killed engine's runs outlive it: the next engine adopts them with the memory they
+    commit (the store keeps it), writes it in the ledger, and places the queue around it."""
+    from test_engine_kit import slow_run
+
+    long = slow_run(seed=0, sleep=0.1, epochs=3, threads=1, gpu_memory=50.0)
+    after = make_run(seed=1, epochs=1, threads=1, gpu_memory=40.0)  # 50 + 40 > 80
+    root = tmp_path / "runs"
+    with Store(root) as store:
+        store.enqueue([long])
+        first = Engine(root, LocalBackend(forkserver=False), [Slot(f"gpu0.{k}", 0) for k in range(4)],
+                       telemetry=Telemetry(), cores=16, runs_per_gpu="auto")
+        one_gpu.engines.append(first)
+        first.start()
+        first.step(0.01)
+        assert store.get_run(long.id).placement["commit_bytes"] == 50 * GIB
+        first.backend.close()  # killed: its run goes on, its ledger entry dies with it
+        first.sharing.ledger.close()
+        first.store.close()
+        one_gpu.engines.remove(first)
+        store.enqueue([after])
+
+        events: list[tuple[float, str, str, int]] = []
+        engine = packing_engine(root, one_gpu, events)
+        engine.start()
+        assert engine.active[long.id].commit == 50 * GIB  # adopted with what it commits
+        engine.step(0.01)
+        seen = Ledger().others()
+        assert [e.gpus for e in seen] == [{"GPU-0000": 50 * GIB}]  # what other engines now see
+        assert store.get_run(after.id).status == states.QUEUED  # 30 GiB free, it needs 40
+        errors: list[BaseException] = []
+        drive(engine, [long.id, after.id], errors)
+        assert not errors, errors
+        got = {r.id: r for r in store.list_runs()}
+    assert {r.status for r in got.values()} == {states.COMPLETED}
+    assert got[long.id].restarts == 0 and got[after.id].started_at >= got[long.id].ended_at
