@@ -81,6 +81,17 @@ def test_placement_fits_best_and_an_unmeasured_shape_takes_a_gpu_alone():
     assert alone.commits == {"x": TOTAL} and alone.memory["need"] is None
 
 
+def test_a_budget_larger_than_every_gpu_is_refused_in_one_line_not_kept_waiting():
+    slots = [Slot("gpu0.0", 0), Slot("gpu0.1", 0)]
+    plan = placement.plan([placement.Want("big", budget=100 * GIB), placement.Want("ok", budget=GIB)],
+                          slots, [], [], 64, rooms={0: Room(TOTAL, TOTAL, True)})
+    assert [r for r, _ in plan.starts] == ["ok"]  # it holds nothing back
+    ((run_id, why),) = plan.refused
+    assert run_id == "big" and "\n" not in why
+    assert why == ("its memory budget, 100.0 GiB, is more than any of this engine's GPUs has "
+                   "(80.0 GiB): lower gpu_memory, or run it where the GPUs are larger")
+
+
 # ---- engines in threads, on a fake GPU ------------------------------------------------
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from gridrun.engine.backends.base import Slot, gang
 from gridrun.engine.backends.slots import fits
-from gridrun.engine.packing import Room, commit
+from gridrun.engine.packing import Room, commit, gib
 from gridrun.train import threads
 
 WORKERS_AUTO = 2  # the cores a packed GPU run's num_workers = "auto" is counted for
@@ -104,6 +104,17 @@ def free_units(free: Sequence[Slot]) -> int:
     return len(free) if gpus <= {None} else len(gpus - {None})
 
 
+def too_big(want: Want, rooms: Mapping[Any, Room] | None) -> str | None:
+    """Why a run's budget can never fit on these GPUs (one line), or None."""
+    if not rooms or not isinstance(want.budget, int) or isinstance(want.budget, bool):
+        return None
+    largest = max(r.total for r in rooms.values())
+    if want.budget <= largest:
+        return None
+    return (f"its memory budget, {gib(want.budget)}, is more than any of this engine's GPUs has "
+            f"({gib(largest)}): lower gpu_memory, or run it where the GPUs are larger")
+
+
 def fitting(want: Want, rooms: Mapping[Any, Room] | None) -> tuple[dict[Any, int] | None,
                                                                    dict[Any, int]]:
     """({GPU: the room left once `want` is there} for the GPUs it fits, {GPU: bytes it
@@ -131,7 +142,7 @@ def plan(queue: Iterable[Want], slots: Sequence[Slot], used: Iterable[str],
     holding = list(holding)
     out = Plan()
     for want in queue:
-        why = never(want.devices, slots)
+        why = never(want.devices, slots) or too_big(want, rooms)
         if why:
             out.refused.append((want.run_id, why))
             continue
