@@ -239,12 +239,12 @@ def test_a_run_that_outgrows_its_budget_fails_alone_and_is_retried_with_its_need
     hog = make_run("hoglab.hog:make", experiment="mem", task_args={"hog_at_step": 3},
                    epochs=2, batch_size=64, log_every=1, threads=1, gpu_memory=1.0)
     neighbours = [make_run(seed=s, experiment="mem", epochs=2, threads=1, gpu_memory=2.0)
-                  for s in range(3)]
+                  for s in range(7)]  # the hog and 7 others on one GPU
     root = tmp_path / "packed" / "runs"
     root.parent.mkdir()
     with Store(root) as store:
         store.enqueue([hog, *neighbours])
-    engine = packing_engine(root, one_gpu, events)
+    engine = packing_engine(root, one_gpu, events, slots=8)
     errors: list[BaseException] = []
     drive(engine, [r.id for r in (hog, *neighbours)], errors)
     assert not errors, errors
