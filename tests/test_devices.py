@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 from test_engine_kit import drain, engine_for, make_run, metrics_without_timing, prepare, wait_for
+from user_folder import user_package
 
 from gridrun.runs import layout, runlog, states
 from gridrun.runs.store import Store
@@ -55,14 +56,8 @@ MACHINE = {"rss", "step_time"}
 @pytest.fixture
 def lab(tmp_path, monkeypatch):
     """The user's folder: their task package, the working directory of every process."""
-    (tmp_path / "devlab").mkdir()
-    (tmp_path / "devlab" / "__init__.py").write_text("")
-    (tmp_path / "devlab" / "dropcnn.py").write_text(USER_TASK)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield tmp_path
-    for name in [m for m in sys.modules if m == "devlab" or m.startswith("devlab.")]:
-        del sys.modules[name]  # another test's package of that name must import its own
+    with user_package(tmp_path, monkeypatch, "devlab", {"dropcnn": USER_TASK}) as folder:
+        yield folder
 
 
 def cell(reduce: str, devices: int, experiment: str = "e", step_sleep: float = 0.0,

@@ -23,6 +23,7 @@ import pytest
 from test_engine_kit import finished, make_run, summary
 from test_memory_budget import USER_TASK
 from test_telemetry import fake_nvml
+from user_folder import user_package
 
 from gridrun.engine import packing, placement
 from gridrun.engine.backends.base import Slot
@@ -140,15 +141,9 @@ def one_gpu(monkeypatch, tmp_path):
     procs = OnTheGpu()
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(count=1, procs=procs))
     monkeypatch.setenv("GRIDRUN_FAKE_GPUS", "1")
-    (tmp_path / "hoglab").mkdir()
-    (tmp_path / "hoglab" / "__init__.py").write_text("")
-    (tmp_path / "hoglab" / "hog.py").write_text(USER_TASK)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield procs
+    with user_package(tmp_path, monkeypatch, "hoglab", {"hog": USER_TASK}):
+        yield procs
     procs.engines.clear()
-    for name in [m for m in sys.modules if m == "hoglab" or m.startswith("hoglab.")]:
-        del sys.modules[name]
 
 
 def packing_engine(root, procs: OnTheGpu, events: list, slots: int = 4, **kw) -> Engine:

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from test_engine_kit import make_run, prepare
+from user_folder import user_package
 
 from gridrun.runs import layout, states
 from gridrun.runs.records import Summary
@@ -61,14 +62,8 @@ def make(hog_at_step: int = 0):
 @pytest.fixture
 def lab(tmp_path, monkeypatch):
     """The user's folder: their task package, the working directory of the worker."""
-    (tmp_path / "hoglab").mkdir()
-    (tmp_path / "hoglab" / "__init__.py").write_text("")
-    (tmp_path / "hoglab" / "hog.py").write_text(USER_TASK)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield tmp_path
-    for name in [m for m in sys.modules if m == "hoglab" or m.startswith("hoglab.")]:
-        del sys.modules[name]  # another test's package of that name must import its own
+    with user_package(tmp_path, monkeypatch, "hoglab", {"hog": USER_TASK}) as folder:
+        yield folder
 
 
 def hog_run(hog_at_step: int):
