@@ -127,11 +127,13 @@ class OnTheGpu(dict):
     def __init__(self):
         super().__init__()
         self.engines: list[Engine] = []
+        self.others: list[tuple[int, int]] = []  # someone else's processes: (pid, bytes)
 
     def get(self, gpu, default=None):
         if gpu != 0:
             return []
-        return [(a.handle.pid, GIB) for e in list(self.engines) for a in list(e.active.values())]
+        return [(a.handle.pid, GIB) for e in list(self.engines)
+                for a in list(e.active.values())] + self.others
 
 
 @pytest.fixture
@@ -306,7 +308,7 @@ def test_an_unmeasured_shape_runs_alone_then_its_shape_is_packed_by_what_it_meas
     starts = sorted(e for e in events if e[1] == "start")
     first = starts[0][2]
     ended_first = min(e[0] for e in events if e[1] == "end" and e[2] == first)
-    assert starts[0][3] == 0  # no budget to enforce: it had the GPU to itself
+    assert starts[0][3] == TOTAL  # the GPU to itself: all of it, and no more
     assert all(t > ended_first for t, *_ in starts[1:])  # nothing beside it
     with Store(root) as store:
         measured = packing.measured(store.list_runs(ids=[first])[0].summary)
@@ -366,3 +368,29 @@ def test_an_engine_restart_adopts_a_run_with_its_commitment(tmp_path, one_gpu):
         got = {r.id: r for r in store.list_runs()}
     assert {r.status for r in got.values()} == {states.COMPLETED}
     assert got[long.id].restarts == 0 and got[after.id].started_at >= got[long.id].ended_at
+
+
+def test_under_share_an_unmeasured_run_is_held_to_the_room_beside_others(tmp_path, one_gpu):
+    """Beside a colleague's 70 GiB, a run nobody measured takes the 10 GiB left, and no
+    more: its budget is that room, enforced, so it can outgrow only itself."""
+    import subprocess
+
+    colleague = subprocess.Popen(["sleep", "600"])
+    try:
+        one_gpu.others.append((colleague.pid, 70 * GIB))
+        run = make_run(seed=0, experiment="beside", epochs=1, threads=1)
+        root = tmp_path / "runs"
+        with Store(root) as store:
+            store.enqueue([run])
+        events: list[tuple[float, str, str, int]] = []
+        engine = packing_engine(root, one_gpu, events, foreign="share")
+        errors: list[BaseException] = []
+        drive(engine, [run.id], errors)
+        assert not errors, errors
+    finally:
+        colleague.kill()
+        colleague.wait()
+    (start,) = [e for e in events if e[1] == "start"]
+    assert start[3] == 10 * GIB
+    with Store(root) as store:
+        assert store.get_run(run.id).status == states.COMPLETED

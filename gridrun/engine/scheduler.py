@@ -364,10 +364,10 @@ class Engine(Endings, Sampling):
         for run_id, slot in plan.starts:
             if self.space.waiting:
                 break
-            budget = budgets.get(run_id)  # bytes: enforced in the run (a share of a GPU: not)
+            commit = plan.commits.get(run_id, 0)
             # one that fails leaves its slots to the next step
-            self._start(runs[run_id], slot, plan.commits.get(run_id, 0),
-                        budget if isinstance(budget, int) and budget else None)
+            held = self.sharing.enforced(budgets.get(run_id), commit) if self.sharing else None
+            self._start(runs[run_id], slot, commit, held)
         self._say(CPU_CAP, plan.cap)
         self._say(SLOTS_WAIT, plan.short)
         self._say(FOREIGN, self.others.state(plan.taken))

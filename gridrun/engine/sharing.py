@@ -60,6 +60,14 @@ class Sharing:
             return None
         return self.book.budget(run.config, run.adjustments)
 
+    def enforced(self, budget: int | float | None, commit: int) -> int | None:
+        """The budget a run is held to inside (bytes), or None: its own in bytes; for an
+        unmeasured shape, the room it was given (all of a GPU, or what others' processes
+        leave beside them); a share of a GPU (an integer runs_per_gpu) is not enforced."""
+        if isinstance(budget, int) and budget:
+            return budget
+        return commit if budget is None and commit and self.sized else None
+
     def commits(self, active: Mapping[str, Any]) -> dict[Any, int]:
         """GPU -> the bytes this engine's runs commit there."""
         out: dict[Any, int] = {}
