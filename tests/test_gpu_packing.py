@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import types
 
 import pytest
 from test_engine_kit import finished, make_run, summary
@@ -329,6 +330,10 @@ def test_engine_status_says_why_a_run_waits_for_memory():
         "0.0 GiB used by others' processes; 8.0 GiB free",
         "queue: no GPU has 12.0 GiB free for abc (the most free: 8.0 GiB; other gridrun engines "
         "commit 24.0 GiB): it and the runs after it wait"]
+    state["waits"] = {"run_id": "new", "need": None, "free": 8 * GIB, "others": 0}
+    assert packing.book_lines(state)[-1] == (
+        "queue: new waits for a GPU of its own (its shape was never measured): it and the runs "
+        "after it wait; gpu_memory = N (GiB) in the file lets it start beside others")
     assert packing.book_lines(None) == [] and packing.book_lines({"gpus": "x"}) == []
 
 
@@ -394,3 +399,66 @@ def test_under_share_an_unmeasured_run_is_held_to_the_room_beside_others(tmp_pat
     assert start[3] == 10 * GIB
     with Store(root) as store:
         assert store.get_run(run.id).status == states.COMPLETED
+
+
+def test_a_budget_the_engine_works_out_is_never_more_than_its_largest_gpu():
+    """A shape that filled most of a GPU runs alone on one, held to all of it: its
+    measured need plus the margin (or a retry's 1.5 times) never makes it too big to run."""
+    book = Book("auto")
+    book.sizes([{"index": 0, "mem_total_bytes": TOTAL, "uuid": "GPU-0000"}])
+    config = make_run(seed=0).to_dict()
+    book.learn(make_run(seed=1).to_dict(), {"step": 9, "peak_reserved_bytes": 73 * GIB,
+                                            "device": "cuda"})
+    assert book.budget(config) == TOTAL and book.whole(book.budget(config))
+    assert book.budget(config, [{"kind": "budget", "budget_bytes": [GIB, 120 * GIB]}]) == TOTAL
+    assert book.budget(make_run(seed=0, gpu_memory=100.0).to_dict()) == 100 * GIB  # the user's
+
+
+def test_the_sharing_writes_again_what_it_could_not_write():
+    """A ledger write that failed (a full /dev/shm) is tried again at the next publish."""
+    from gridrun.engine.sharing import Sharing
+
+    class Flaky:
+        problem = busy = None
+
+        def __init__(self):
+            self.tries, self.written = 0, []
+
+        def write(self, gpus, threads, pids):
+            self.tries += 1
+            if self.tries == 1:
+                return False
+            self.written.append(gpus)
+            return True
+
+    ledger = Flaky()
+    sharing = Sharing("auto", [Slot("gpu0.0", 0)], ledger)
+    sharing.publish({})
+    sharing.publish({})
+    assert ledger.tries == 2 and ledger.written == [{}]
+    sharing.publish({})
+    assert ledger.tries == 2  # nothing new: nothing written
+
+
+def test_a_run_held_to_a_whole_gpu_that_runs_out_has_its_batch_halved(tmp_path, one_gpu):
+    """An unmeasured run alone on a GPU is held to all of it: over that, it is out of
+    memory like any run (a smaller batch), not given a larger budget than the GPU."""
+    gpu = sys.modules["pynvml"]
+    small = int(1.2 * GIB)  # the hog's 1 GiB and its process do not fit
+    gpu.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=0, total=small, free=small)
+    hog = make_run("hoglab.hog:make", experiment="whole", task_args={"hog_at_step": 3},
+                   epochs=1, batch_size=64, log_every=1, threads=1)
+    root = tmp_path / "runs"
+    with Store(root) as store:
+        store.enqueue([hog])
+    events: list[tuple[float, str, str, int]] = []
+    engine = packing_engine(root, one_gpu, events)
+    errors: list[BaseException] = []
+    drive(engine, [hog.id], errors)
+    assert not errors, errors
+    with Store(root) as store:
+        row = store.get_run(hog.id)
+    assert next(e[3] for e in events if e[1] == "start") == small  # all of the GPU, no more
+    assert row.status == states.OOM
+    assert [a["kind"] for a in row.adjustments] == ["oom"]  # the batch halved, once
+    assert row.adjustments[0]["batch_size"] == [64, 32]

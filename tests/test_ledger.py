@@ -1,7 +1,8 @@
 """The machine-wide GPU ledger (gridrun/engine/ledger.py): engines see each other's
 numbers and not their own, a dead engine's entry is gone, anything an other user could
 plant in the folder is ignored without raising or blocking, an unsafe folder is refused
-in one line, and the lock excludes Ledger objects and processes with a bounded wait.
+in one line, and the lock excludes Ledger objects and processes with a bounded wait;
+one held on purpose is waited for once, then gone around.
 
 Processes are coordinated through pipes, never sleeps: a lock test waits for the holder
 to say "held", and the one bound that is a timeout (wait=0.2) is on a lock that is held
@@ -24,7 +25,7 @@ import psutil
 import pytest
 
 from gridrun.engine import ledger as ledger_module
-from gridrun.engine.ledger import DEFAULT, ENV, MAX_ENTRY, Entry, Ledger, LedgerBusy
+from gridrun.engine.ledger import DEFAULT, ENV, MAX_ENTRY, Entry, Ledger
 
 ROOT = os.geteuid() == 0
 NOBODY = 65534
@@ -105,7 +106,7 @@ def test_write_replaces_the_entry_and_close_removes_it(folder):
     [entry] = b.others()
     assert (entry.gpus, entry.threads, entry.pids) == ({"GPU-a": 200}, 2, (3,))
     [name] = entries(folder)
-    assert sorted(os.listdir(folder)) == sorted(["lock", name])  # no temporary left behind
+    assert sorted(os.listdir(folder)) == [name]  # no temporary left behind
     assert stat.S_IMODE((folder / name).stat().st_mode) == 0o644
     a.close()
     a.close()  # idempotent
@@ -119,7 +120,6 @@ def test_the_folder_is_created_sticky_and_open_to_everyone(folder):
     finally:
         os.umask(old)
     assert stat.S_IMODE(folder.lstat().st_mode) == 0o1777
-    assert stat.S_IMODE((folder / "lock").lstat().st_mode) == 0o644
 
 
 def test_a_well_formed_hand_written_entry_is_read(folder):
@@ -172,19 +172,54 @@ def test_names_that_are_not_entries_are_passed_over(folder):
     for name in ("notes.txt", ".0.1.ab.json.cd.tmp", "0.1.AB.json", "x.1.ab.json", "0.1.ab.json.bak"):
         (folder / name).write_text(json.dumps(record()))
     assert ledger.others() == [] and ledger.ignored == 0
-    assert len(list(folder.iterdir())) == 6
+    assert len(list(folder.iterdir())) == 5  # all left as they were
+
+
+@pytest.fixture
+def nobodys_process():
+    """A live process of user nobody (an engine of theirs, for the ledger's purposes)."""
+    def become():
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+    proc = subprocess.Popen(["sleep", "600"], preexec_fn=become, stdin=subprocess.DEVNULL)
+    try:
+        yield proc.pid, psutil.Process(proc.pid).create_time()
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
 
 
 @needs_root
-def test_the_owner_is_the_files_not_what_its_name_or_content_says(folder):
+def test_the_owner_is_the_files_not_what_its_name_or_content_says(folder, nobodys_process):
     ledger = Ledger(folder)
+    pid, start = nobodys_process
     lying = plant(folder, record(), uid=0, token="a1")
     os.chown(lying, NOBODY, NOBODY)  # someone else's file posing as root's
-    theirs = plant(folder, record(gpus={"GPU-t": 9}), uid=NOBODY, token="a2")
+    theirs = plant(folder, record(pid=pid, start_time=start, pids=[], gpus={"GPU-t": 9}),
+                   uid=NOBODY, token="a2")
     os.chown(theirs, NOBODY, NOBODY)
     [entry] = ledger.others()
     assert (entry.uid, entry.gpus) == (NOBODY, {"GPU-t": 9})
     assert ledger.ignored == 1
+
+
+@needs_root
+def test_an_entry_cannot_live_on_a_strangers_process(folder):
+    """nobody's entry naming root's processes (this one, pid 1) as its engine and runs is
+    dead: it cannot hold memory, nor pass them off as its runs."""
+    ledger = Ledger(folder)
+    path = plant(folder, record(pids=[1, os.getpid()]), uid=NOBODY)
+    os.chown(path, NOBODY, NOBODY)
+    assert ledger.others() == [] and not path.exists()
+
+
+def test_an_entry_lives_while_one_of_its_runs_does(folder):
+    """Its engine was killed; its run goes on and still takes its memory."""
+    ledger = Ledger(folder)
+    pid, start = dead_process()
+    plant(folder, record(pid=pid, start_time=start, pids=[os.getpid()]))
+    [entry] = ledger.others()
+    assert entry.pid == pid and entry.gpus == {"GPU-a": 1 << 30}
 
 
 def test_a_dead_engines_entry_is_ignored_and_removed(folder):
@@ -199,14 +234,14 @@ def test_a_dead_engines_entry_is_ignored_and_removed(folder):
 def test_root_removes_a_dead_engines_entry_whoever_wrote_it(folder):
     ledger = Ledger(folder)
     pid, start = dead_process()
-    path = plant(folder, record(pid=pid, start_time=start), uid=NOBODY)
+    path = plant(folder, record(pid=pid, start_time=start, pids=[]), uid=NOBODY)
     os.chown(path, NOBODY, NOBODY)
     assert ledger.others() == [] and not path.exists()
 
 
 def test_a_reused_pid_is_not_the_engine_that_wrote_the_entry(folder):
     ledger = Ledger(folder)
-    path = plant(folder, record(start_time=psutil.Process().create_time() - 3600))
+    path = plant(folder, record(start_time=psutil.Process().create_time() - 3600, pids=[]))
     assert ledger.others() == [] and not path.exists()
 
 
@@ -237,12 +272,6 @@ def not_sticky(folder: Path) -> None:
     folder.chmod(0o777)
 
 
-def someone_elses(folder: Path) -> None:
-    folder.mkdir()
-    folder.chmod(0o1777)
-    os.chown(folder, NOBODY, NOBODY)
-
-
 def a_file(folder: Path) -> None:
     folder.write_text("")
 
@@ -251,26 +280,11 @@ def no_parent(folder: Path) -> None:
     pass  # the folder asked for is one further down, below a folder that does not exist
 
 
-def lock_is_a_fifo(folder: Path) -> None:
-    folder.mkdir()
-    folder.chmod(0o1777)
-    os.mkfifo(folder / "lock")
-
-
-def lock_is_a_symlink(folder: Path) -> None:
-    folder.mkdir()
-    folder.chmod(0o1777)
-    (folder / "lock").symlink_to(folder.with_name("elsewhere"))
-
-
 @pytest.mark.parametrize(("setup", "says"), [
     (symlink, "is not safe to use: it is a symlink"),
     (not_sticky, "is not safe to use: it lacks the sticky bit"),
-    pytest.param(someone_elses, f"is not safe to use: it belongs to uid {NOBODY}", marks=needs_root),
     (a_file, "is not safe to use: it is not a directory"),
     (no_parent, "cannot be created: its parent folder does not exist"),
-    (lock_is_a_fifo, "is not safe to use: its lock is not a regular file"),
-    (lock_is_a_symlink, "is not safe to use: its lock is not a regular file"),
 ], ids=lambda v: getattr(v, "__name__", None))
 def test_an_unsafe_folder_is_refused_in_one_line_and_nothing_is_written(folder, setup, says):
     setup(folder)
@@ -282,8 +296,8 @@ def test_an_unsafe_folder_is_refused_in_one_line_and_nothing_is_written(folder, 
     assert "GRIDRUN_LEDGER" in ledger.problem
     before = sorted(p.name for p in folder.parent.rglob("*"))
     ledger.write({"GPU-a": 1}, 1, [])
-    with ledger.held():
-        assert ledger.others() == []
+    with ledger.held() as locked:
+        assert not locked and ledger.others() == []
     ledger.close()
     assert sorted(p.name for p in folder.parent.rglob("*")) == before
 
@@ -301,13 +315,34 @@ def test_the_folder_comes_from_the_environment_or_the_default(monkeypatch, folde
 
 def test_the_lock_excludes_another_ledger_in_the_same_process(folder):
     a, b = Ledger(folder, wait=0.2), Ledger(folder, wait=0.2)
-    with a.held(), pytest.raises(LedgerBusy) as busy, b.held():
-        pass
-    message = str(busy.value)
-    assert message.startswith(f"the GPU ledger {folder} is locked by another engine for more "
-                              "than 0.2 s") and "\n" not in message
-    with b.held(), pytest.raises(LedgerBusy), a.held():  # and it was let go
-        pass
+    with a.held() as got_a, b.held() as got_b:
+        assert got_a and not got_b
+    assert b.busy.startswith(f"the GPU ledger {folder} is locked by another process for more "
+                             "than 0.2 s: runs are placed without its lock") and "\n" not in b.busy
+    with b.held() as got_b, a.held() as got_a:  # and it was let go
+        assert got_b and not got_a
+    assert b.busy is None
+
+
+def test_a_lock_held_on_purpose_slows_only_the_first_try(folder):
+    """Someone holds the folder's lock and never lets go: the engine waits once, then
+    only tries (placing without it meanwhile), never waiting at every step."""
+    import fcntl
+
+    ours = Ledger(folder, wait=0.2)
+    squatter = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)  # any user may open it so
+    fcntl.flock(squatter, fcntl.LOCK_EX)
+    try:
+        with ours.held() as got:
+            assert not got and ours.busy
+        ours.wait = 3600.0  # were it waited for again, this test would not end
+        for _ in range(3):
+            with ours.held() as got:
+                assert not got
+    finally:
+        os.close(squatter)
+    with ours.held() as got:
+        assert got and ours.busy is None
 
 
 def test_the_lock_excludes_another_process_until_it_lets_go(folder):
@@ -317,26 +352,27 @@ def test_the_lock_excludes_another_process_until_it_lets_go(folder):
     try:
         assert json.loads(holder.stdout.readline())["problem"] is None
         assert holder.stdout.readline() == "held\n"
-        with pytest.raises(LedgerBusy), ours.held():
-            pass
+        with ours.held() as got:
+            assert not got
     finally:
         holder.stdin.close()
         assert holder.wait(timeout=120) == 0
-    with ours.held():
-        assert ours.others() == []  # the holder's entry went with it
+    with ours.held() as got:
+        assert got and ours.others() == []  # the holder's entry went with it
 
 
 @needs_root
-def test_a_read_only_lock_of_another_user_still_locks(folder):
-    Ledger(folder)
-    os.chown(folder / "lock", NOBODY, NOBODY)
-    (folder / "lock").chmod(0o444)
+def test_a_folder_another_user_made_is_shared(folder):
+    """Whoever came first made it (here nobody): sticky, it serves every user."""
+    folder.mkdir()
+    folder.chmod(0o1777)
+    os.chown(folder, NOBODY, NOBODY)
     a, b = Ledger(folder), Ledger(folder, wait=0.2)
     assert a.problem is None and b.problem is None
-    with a.held(), pytest.raises(LedgerBusy), b.held():
-        pass
-    with b.held():
-        pass
+    a.write({"GPU-x": 5}, 1, [])
+    assert [e.gpus for e in b.others()] == [{"GPU-x": 5}]
+    with a.held() as got_a, b.held() as got_b:
+        assert got_a and not got_b
 
 
 def hold_as_nobody(folder: Path) -> tuple[int, IO[str], int]:
@@ -382,22 +418,22 @@ def test_another_user_shares_roots_ledger():
         ours = Ledger(folder, wait=0.2)
         ours.write({"GPU-x": 1}, 1, [])
         pid, start = dead_process()
-        stale = plant(folder, record(pid=pid, start_time=start), token="dead")
+        stale = plant(folder, record(pid=pid, start_time=start, pids=[]), token="dead")
         theirs, said, go = hold_as_nobody(folder)
         try:
             assert json.loads(said.readline()) == {"problem": None, "seen": [[0, {"GPU-x": 1}]]}
             assert stale.exists()
             assert said.readline() == "held\n"
-            with pytest.raises(LedgerBusy), ours.held():
-                pass
+            with ours.held() as got:
+                assert not got
             [entry] = ours.others()
             assert (entry.uid, entry.pid, entry.gpus, entry.threads) == (NOBODY, theirs, {"GPU-x": 7}, 3)
         finally:
             os.close(go)
             said.close()
             assert os.waitpid(theirs, 0)[1] == 0
-        with ours.held():
-            assert ours.others() == []
+        with ours.held() as got:
+            assert got and ours.others() == []
         [left] = entries(folder)  # root removed both dead entries: only ours is left
         assert left.startswith(f"0.{os.getpid()}.")
     finally:

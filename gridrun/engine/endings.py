@@ -120,7 +120,8 @@ class Endings:
             handle = self.backend.reattach(run_id, run_dir, None, None, act.slot if act else None)
             if handle is not None:
                 self.active[run_id] = Active(run_id, handle, act.slot if act else None, time.time(),
-                                             threads=act.threads if act else 0)
+                                             threads=act.threads if act else 0,
+                                             commit=act.commit if act else 0)
                 self.store.transition(run_id, states.RUNNING, states.RUNNING, pid=handle.pid,
                                       pid_start_time=handle.start_time, note="adopted a running process")
                 return
@@ -214,9 +215,11 @@ class Endings:
             self._end(run, states.FAILED, error=error, note="failed", **common)
 
     def _oom(self, run: Run, summary: Summary | None, common: dict) -> None:
-        if summary and summary.memory_needed_bytes:  # it outgrew its budget: it alone failed
-            self._over_budget(run, summary, common)
-            return
+        sharing = getattr(self, "sharing", None)
+        if summary and summary.memory_needed_bytes and not (
+                sharing and sharing.book.whole(summary.memory_budget_bytes)):
+            self._over_budget(run, summary, common)  # it outgrew its budget: it alone failed
+            return  # (held to a whole GPU, it is out of memory: a smaller batch, below)
         trainer = run.config["trainer"]
         batch, acc = int(trainer["batch_size"]), int(trainer["accumulate"])
         if batch < 2 or any(a.get("kind") == "oom" for a in run.adjustments):
@@ -238,13 +241,15 @@ class Endings:
         it measured (packing.retry_budget); it resumes from its checkpoint: a budget never
         changes its bits. Twice over: out of memory, with what to give it."""
         need, had = int(s.memory_needed_bytes or 0), s.memory_budget_bytes
+        sharing = getattr(self, "sharing", None)
+        new = sharing.book.capped(packing.retry_budget(need)) if sharing else \
+            packing.retry_budget(need)
         if any(a.get("kind") == "budget" for a in run.adjustments):
             self._end(run, states.OOM, error=s.error, note=(
                 f"over its memory budget again: it needed {packing.gib(need)} with "
-                f"{packing.gib(had)}; give it gpu_memory = {packing.retry_budget(need) / packing.GIB:.1f} "
-                "(GiB) in the file, or [engine] runs_per_gpu = 1"), **common)
+                f"{packing.gib(had)}; give it gpu_memory = {new / packing.GIB:.1f} (GiB) in the "
+                "file, or a smaller batch_size"), **common)
             return
-        new = packing.retry_budget(need)
         change = {"kind": "budget", "t": time.time(), "budget_bytes": [had, new]}
         self._requeue(run, f"over its memory budget ({packing.gib(need)} needed, {packing.gib(had)} "
                            f"given): retried once with {packing.gib(new)}, from its checkpoint",

@@ -7,16 +7,22 @@ engine (each Ledger object: two engines may share a process) keeps one entry,
 `UID.PID.TOKEN.json`: its pid and start time, the bytes it committed per GPU, the CPU
 threads its runs hold and their pids. Why that is safe on a shared machine:
 
-- The folder is sticky (1777) and owned by root or by us: no one can replace or remove
-  another's entry. Any other folder (a symlink, not sticky, someone else's) is refused,
-  and `problem` says in one line that this engine does not coordinate.
+- The folder is sticky (1777): no one but the folder's owner can replace or remove
+  another's entry. Whoever comes first creates it, so an admin who wants no user to own
+  it creates it as root at boot (tmpfiles.d: `d /dev/shm/gridrun-ledger 1777 root root`).
+  A symlink, or a folder without the sticky bit, is refused, and `problem` says in one
+  line that this engine does not coordinate.
 - Entries are numbers and pids only, read without following links or blocking on a FIFO,
   at most MAX_ENTRY bytes, from files owned by the uid their name says. Anything else is
   ignored, never an error.
-- A dead engine's entry is ignored by its pid and start time (a reused pid is not it),
-  and removed when it is ours (or we are root).
-- The lock is a flock on a read-only descriptor (no permission bit can take it from
-  others) with a bounded wait: a stuck engine delays placement, never blocks another.
+- An entry lives while its engine does (pid and start time) or while one of its runs
+  does (their engine was killed, they go on): each of those processes must belong to
+  the entry's owner, so an entry cannot borrow a stranger's process to stay alive. A
+  dead entry is ignored, and removed when it is ours (or we are root).
+- The lock is a flock on the folder itself (nothing to unlink or replace) with a short
+  bounded wait; one held longer (a stuck engine, or a user holding it on purpose) is
+  gone around: `held` yields False, `busy` says so, and the engine places without it
+  (tried again without waiting until it is had) rather than stall.
 
 Pids mean this machine's PID namespace: containers that share /dev/shm but not their
 PIDs need a GRIDRUN_LEDGER each.
@@ -44,7 +50,6 @@ from gridrun.engine.backends.child import alive, process_start_time
 DEFAULT = "/dev/shm/gridrun-ledger"
 ENV = "GRIDRUN_LEDGER"
 MAX_ENTRY = 64 << 10  # bytes; a bigger entry is ignored
-LOCK = "lock"
 ENTRY_NAME = re.compile(r"(?P<uid>\d{1,10})\.(?P<pid>\d{1,10})\.[0-9a-f]{1,64}\.json")
 MAX_GPU_BYTES, MAX_THREADS, MAX_PIDS, MAX_GPUS, MAX_KEY = 1 << 50, 1 << 20, 4096, 1024, 128
 PID_LIMIT = 1 << 22  # Linux's PID_MAX_LIMIT
@@ -53,10 +58,6 @@ READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # no link, no
 CREATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY | os.O_CLOEXEC
 
 log = logging.getLogger("gridrun.engine")
-
-
-class LedgerBusy(Exception):
-    """The lock was not had within `wait` seconds; str() says so in one line."""
 
 
 class _Unusable(Exception):
@@ -81,12 +82,13 @@ def default_folder() -> Path:
 
 class Ledger:
     """This engine's entry and its view of the others'. Raises nothing on the
-    filesystem's account but LedgerBusy from `held()`."""
+    filesystem's account."""
 
-    def __init__(self, folder: str | os.PathLike | None = None, *, wait: float = 2.0) -> None:
+    def __init__(self, folder: str | os.PathLike | None = None, *, wait: float = 0.5) -> None:
         self.folder = Path(folder) if folder is not None else default_folder()
         self.wait = wait
         self.problem: str | None = None
+        self.busy: str | None = None  # the lock was not had the last time: why, in one line
         self.ignored = 0  # malformed entries the last others() passed over
         self._uid, self._pid = os.geteuid(), os.getpid()
         self._start_time = process_start_time(self._pid)
@@ -98,22 +100,22 @@ class Ledger:
             if not self._start_time:  # psutil fails here: every entry would look stale
                 raise _Unusable("is not used: this process's start time cannot be read")
             self._dir = self._open_folder()
-            self._lock_fd = self._open_lock()
         except (_Unusable, OSError) as e:
             why = e if isinstance(e, _Unusable) else f"cannot be used: {e.strerror or e}; {FIX}"
             self.problem = f"the GPU ledger {self.folder} {why}"
             _close_all(self._fds)
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """The ledger to ourselves, across processes and Ledger objects. Not reentrant."""
+    def held(self) -> Iterator[bool]:
+        """The ledger to ourselves, across processes and Ledger objects (True), or not
+        had in time (False: `busy` says why; placing goes on without it). Not reentrant."""
         if self.problem or not self._lock():
-            yield  # uncoordinated rather than stuck
+            yield False  # uncoordinated rather than stuck
             return
         try:
-            yield
+            yield True
         finally:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            fcntl.flock(self._dir, fcntl.LOCK_UN)
 
     def others(self) -> list[Entry]:
         """The live entries of other engines (another Ledger in this process included);
@@ -134,7 +136,7 @@ class Ledger:
             entry = self._read(name, int(match["uid"]), int(match["pid"]))
             if entry is None:
                 self.ignored += 1
-            elif alive(entry.pid, entry.start_time) is not None:
+            elif living(entry):
                 found.append(entry)
             elif self._uid in (entry.uid, 0):
                 with contextlib.suppress(OSError):  # another engine may have beaten us to it
@@ -143,10 +145,11 @@ class Ledger:
             log.debug("GPU ledger %s: ignored %d malformed entries", self.folder, self.ignored)
         return found
 
-    def write(self, gpus: Mapping[str, int], threads: int, pids: Iterable[int]) -> None:
-        """Replace our entry at once: a reader sees the old one or the new one."""
+    def write(self, gpus: Mapping[str, int], threads: int, pids: Iterable[int]) -> bool:
+        """Replace our entry at once: a reader sees the old one or the new one. False when
+        it could not be written (the caller tries again)."""
         if self.problem:
-            return
+            return True
         record = {"pid": self._pid, "start_time": self._start_time,
                   "gpus": {str(k): int(v) for k, v in gpus.items()},
                   "threads": int(threads), "pids": sorted({int(p) for p in pids})}
@@ -156,10 +159,12 @@ class Ledger:
                 os.fchmod(f.fileno(), 0o644)  # an engine's umask is private; others must read it
                 f.write(json.dumps(record).encode())
             os.rename(temporary, self._name, src_dir_fd=self._dir, dst_dir_fd=self._dir)
+            return True
         except OSError as e:
             self._warn(f"the GPU ledger {self.folder} cannot be written: {e.strerror}")
             with contextlib.suppress(OSError):
                 os.unlink(temporary, dir_fd=self._dir)
+            return False
 
     def close(self) -> None:
         """Remove our entry: others no longer count what we placed."""
@@ -188,38 +193,28 @@ class Ledger:
         if created:
             os.fchmod(fd, 0o1777)  # mkdir's mode went through the umask
         st = os.fstat(fd)
-        for wrong, why in (
-                (not st.st_mode & stat.S_ISVTX, "it lacks the sticky bit (anyone could replace another's entry)"),
-                (st.st_uid not in (0, self._uid), f"it belongs to uid {st.st_uid}, neither root nor this user")):
-            if wrong:
-                raise _Unusable(f"is not safe to use: {why}; {FIX}")
+        if not st.st_mode & stat.S_ISVTX:
+            raise _Unusable("is not safe to use: it lacks the sticky bit (anyone could replace "
+                            f"another's entry); {FIX}")
         if not os.access(self.folder, os.W_OK | os.X_OK):
             raise _Unusable(f"cannot be used: this user cannot write in it; {FIX}")
         return fd
 
-    def _open_lock(self) -> int:
-        with contextlib.suppress(FileExistsError):
-            fd = os.open(LOCK, CREATE, 0o644, dir_fd=self._dir)
-            os.fchmod(fd, 0o644)  # every user opens it, whatever the creator's umask
-            os.close(fd)
-        if stat.S_ISREG(os.stat(LOCK, dir_fd=self._dir, follow_symlinks=False).st_mode):
-            fd = os.open(LOCK, READ, dir_fd=self._dir)  # and if it was swapped since, no harm
-            self._fds.append(fd)
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                return fd
-        raise _Unusable(f"is not safe to use: its lock is not a regular file; {FIX}")
-
     def _lock(self) -> bool:
-        deadline = time.monotonic() + self.wait
+        # after a wait that timed out, one try without waiting until the lock is had again:
+        # a lock held on purpose must not slow every step of the engine
+        deadline = time.monotonic() + (0 if self.busy else self.wait)
         while True:
             try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(self._dir, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.busy = None
                 return True
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise LedgerBusy(
-                        f"the GPU ledger {self.folder} is locked by another engine for more "
-                        f"than {self.wait:g} s: new runs wait until it is free") from None
+                    self.busy = (f"the GPU ledger {self.folder} is locked by another process for "
+                                 f"more than {self.wait:g} s: runs are placed without its lock "
+                                 "(another engine placing at the same moment could overcommit)")
+                    return False
                 time.sleep(0.01)
             except OSError as e:  # a filesystem without flock
                 self.problem = f"the GPU ledger {self.folder} cannot be locked: {e.strerror}; {FIX}"
@@ -247,6 +242,24 @@ class Ledger:
         # once per message: the scheduler asks every few seconds
         (log.debug if message in self._warned else log.warning)("%s", message)
         self._warned.add(message)
+
+
+def living(entry: Entry) -> bool:
+    """Whether the entry's engine, or one of its runs, still runs as the entry's owner."""
+    if owned_by(entry.pid, entry.uid) and alive(entry.pid, entry.start_time) is not None:
+        return True
+    return any(owned_by(pid, entry.uid) for pid in entry.pids)
+
+
+def owned_by(pid: int, uid: int) -> bool:
+    """Whether `pid` is a live process (not a zombie) whose real or effective uid is `uid`."""
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+        return uid in proc.uids()[:2] and proc.status() != psutil.STATUS_ZOMBIE
+    except Exception:
+        return False
 
 
 def _entry(record: object, uid: int) -> Entry | None:

@@ -124,13 +124,27 @@ class Book:
         retried = [a["budget_bytes"][1] for a in adjustments
                    if a.get("kind") == "budget" and isinstance(a.get("budget_bytes"), list)]
         if retried:  # it outgrew its budget once: what it measured then, whatever else says
-            return int(max(retried))
+            return self.capped(int(max(retried)))
         if (mine := user_budget(config)) is not None:
-            return mine
+            return mine  # the user's word: refused if no GPU is that large (placement.too_big)
         if not self.auto:
             return self.share
         need = self.need_of(config)
-        return rounded(need * (1 + MARGIN)) if need else None
+        return self.capped(rounded(need * (1 + MARGIN))) if need else None
+
+    def largest(self) -> int | None:
+        return max(self.totals.values(), default=None)
+
+    def capped(self, n: int) -> int:
+        """A budget the engine worked out, at most the largest GPU: a shape that fills a
+        GPU then runs alone on one, held to all of it."""
+        return min(n, self.largest() or n)
+
+    def whole(self, budget: Any) -> bool:
+        """Whether `budget` is (nearly) all of the largest GPU: a run over it needs a
+        smaller batch, not a larger budget."""
+        big = self.largest()
+        return bool(big and isinstance(budget, int | float) and budget >= big - ROUND)
 
     def sizes(self, gpus: Iterable[Mapping[str, Any]]) -> None:
         """The GPUs' sizes and ledger keys from a telemetry sample's `gpus`."""
@@ -151,7 +165,8 @@ class Book:
             total = self.totals.get(gpu)
             if total is None:
                 return None
-            mine, theirs = ours.get(gpu, 0), others.get(self.keys[gpu], 0)
+            # a claim beyond the GPU says nothing more than "all of it"
+            mine, theirs = ours.get(gpu, 0), min(total, others.get(self.keys[gpu], 0))
             # an integer runs_per_gpu places by slots: others' processes are what "share"
             # means to sit beside; only other engines' shares are kept apart from ours
             used = foreign.get(gpu, 0) if self.auto else 0
@@ -198,5 +213,6 @@ def book_lines(state: Any) -> list[str]:
                        f"free: {gib(wait.get('free'))}{held}): it and the runs after it wait")
         else:
             out.append(f"queue: {wait.get('run_id')} waits for a GPU of its own (its shape was "
-                       f"never measured{held}): it and the runs after it wait")
+                       f"never measured{held}): it and the runs after it wait; gpu_memory = N "
+                       "(GiB) in the file lets it start beside others")
     return out

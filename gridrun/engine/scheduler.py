@@ -24,7 +24,6 @@ from gridrun.engine.diskspace import DiskSpace
 from gridrun.engine.endings import Active, Endings, folder_id
 from gridrun.engine.foreign import STATE as FOREIGN  # the GPUs others' processes take, or None
 from gridrun.engine.foreign import Watch
-from gridrun.engine.ledger import LedgerBusy
 from gridrun.engine.sampling import Sampling
 from gridrun.engine.search import Searches
 from gridrun.engine.sharing import Sharing
@@ -334,28 +333,34 @@ class Engine(Endings, Sampling):
             return
         queue = self.store.next_queued(max(1, len(free)))
         if self.sharing is None:
-            self._place(queue, free, used, None)
+            self._carry_out(queue, *self._plan(queue, free, used, None))
             return
         foreign = self.others.memory()
-        rooms = None
-        try:  # read the ledger, place, write it: other engines wait meanwhile
-            with self.sharing.placing(self.active, foreign) as rooms:
-                plan = self._place(queue, free, used, rooms)
-            waits = plan.memory
-        except LedgerBusy as e:
-            waits = {"run_id": queue[0].id if queue else None, "busy": str(e)}
-        self._say(packing.STATE, self.sharing.state(self.active, rooms, foreign, waits))
+        # read the ledger, decide, write what is about to start: the lock is held that long
+        # only; the launches come after it
+        with self.sharing.placing(self.active, foreign) as rooms:
+            plan, budgets = self._plan(queue, free, used, rooms)
+            runs = {r.id: r for r in queue}
+            self.sharing.reserve(self.active, plan, {
+                run_id: self.cpu_threads(runs[run_id], slot) for run_id, slot in plan.starts})
+        self._carry_out(queue, plan, budgets)
+        self.sharing.publish(self.active)  # with the new runs' pids: theirs, not strangers'
+        self._say(packing.STATE, self.sharing.state(self.active, rooms, foreign, plan.memory))
 
-    def _place(self, queue: list[Run], free: list[Slot], used: set[str],
-               rooms: dict[Any, packing.Room] | None) -> placement.Plan:
-        """Start what the placement gives; `rooms`: each GPU's memory room (None: slots alone)."""
+    def _plan(self, queue: list[Run], free: list[Slot], used: set[str],
+              rooms: dict[Any, packing.Room] | None) -> tuple[placement.Plan, dict[str, Any]]:
+        """What starts where (placement.plan) and each run's budget; `rooms`: each GPU's
+        memory room (None: slots alone)."""
         budgets = {r.id: self.sharing.budget(r) for r in queue} if self.sharing and rooms else {}
         wants = [placement.Want(r.id, self.slots_wanted(r), self.cpu_threads(r, free[0]) if free
                                 else 0, budgets.get(r.id, 0)) for r in queue]
         holding = [a.threads for a in self.active.values()]
         holding += self.sharing.others_threads() if self.sharing else []  # other engines' runs
-        plan = placement.plan(wants, self.slots, used, holding, self.cores,
-                              avoid=self.others.avoid(), rooms=rooms)
+        return placement.plan(wants, self.slots, used, holding, self.cores,
+                              avoid=self.others.avoid(), rooms=rooms), budgets
+
+    def _carry_out(self, queue: list[Run], plan: placement.Plan, budgets: dict[str, Any]) -> None:
+        """Fail what can never start, start what the plan gives, say why the rest waits."""
         runs = {r.id: r for r in queue}
         for run_id, why in plan.refused:
             log.error("%s can never start here: %s", run_id, why)
@@ -371,7 +376,6 @@ class Engine(Endings, Sampling):
         self._say(CPU_CAP, plan.cap)
         self._say(SLOTS_WAIT, plan.short)
         self._say(FOREIGN, self.others.state(plan.taken))
-        return plan
 
     def _start(self, run: Run, slot: Slot, commit: int = 0, budget: int | None = None) -> None:
         need = self.cpu_threads(run, slot)

@@ -3,9 +3,10 @@ its memory book (packing.Book), the machine-wide ledger it reads and writes
 (ledger.Ledger), what each of its runs commits, and the store state that shows it
 (packing.STATE: `engine status`, the interface's machine panel).
 
-Placing is read, decide, write under the ledger's lock (`placing`), so two engines never
-commit more than a GPU's memory between them; a commitment that ends is written without
-it (`publish`: less is always safe). Only an engine of this machine (the local backend)
+Placing is read, decide, write under the ledger's lock (`placing`, then `reserve`: what
+is about to start is in the ledger before the lock goes and before it launches), so two
+engines never commit more than a GPU's memory between them; a commitment that ends is
+written without it (`publish`: less is always safe). Only an engine of this machine (the local backend)
 with GPU slots takes part; a GPU whose size NVML does not give is placed by slots alone.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 
 from gridrun.engine import packing
 from gridrun.engine.backends.base import Slot
-from gridrun.engine.ledger import Entry, Ledger
+from gridrun.engine.ledger import Entry, Ledger, owned_by
 from gridrun.engine.placement import gpu_of
 from gridrun.runs import states
 
@@ -77,8 +78,11 @@ class Sharing:
         return out
 
     def friends(self) -> set[int]:
-        """The pids of other engines' runs: theirs, committed in the ledger, not foreign."""
-        return {pid for e in self.others for pid in e.pids}
+        """The pids of other engines' runs, each its entry's owner's (an entry cannot pass
+        a stranger's process off as a run): committed in the ledger, not foreign. Read
+        afresh (no lock: reading is safe), so a run another engine just started is known."""
+        self.others = self.ledger.others()
+        return {pid for e in self.others for pid in e.pids if owned_by(pid, e.uid)}
 
     def others_threads(self) -> list[int]:
         return [e.threads for e in self.others if e.threads]
@@ -88,9 +92,9 @@ class Sharing:
     @contextlib.contextmanager
     def placing(self, active: Mapping[str, Any], foreign: Mapping[Any, int]
                 ) -> Iterator[dict[Any, packing.Room] | None]:
-        """Under the ledger's lock: each GPU's room (None: a GPU's size is unknown). What
-        the body starts is written to the ledger before the lock goes (ledger.LedgerBusy
-        when another engine holds it too long: nothing starts this time)."""
+        """Under the ledger's lock: each GPU's room (None: a GPU's size is unknown); the
+        body `reserve`s what it is about to start. A lock held too long by someone else
+        is gone around (ledger.busy) rather than stall the queue."""
         with self.ledger.held():
             self.others = self.ledger.others()
             theirs: dict[str, int] = {}
@@ -104,16 +108,26 @@ class Sharing:
                 rooms = {g: packing.Room(1, 0 if ours.get(g) else 1, not ours.get(g))
                          for g in self.gpus}
             yield rooms
-            self.publish(active)
+
+    def reserve(self, active: Mapping[str, Any], plan: Any, threads: Mapping[str, int]) -> None:
+        """Write what runs and what `plan` is about to start (`threads`: each start's) into
+        the ledger: a launch that then fails is dropped by the next `publish`."""
+        ours = self.commits(active)
+        for run_id, slot in plan.starts:
+            for part in slot.parts if plan.commits.get(run_id) else ():
+                ours[gpu_of(part)] = ours.get(gpu_of(part), 0) + plan.commits[run_id]
+        self._write(ours, sum(a.threads for a in active.values()) + sum(threads.values()),
+                    [a.handle.pid for a in active.values()])
 
     def publish(self, active: Mapping[str, Any]) -> None:
-        """This engine's entry in the ledger, when it changed."""
-        ours = self.commits(active)
-        entry = ({self.book.keys.get(g, f"index:{g}"): n for g, n in ours.items()},
-                 sum(a.threads for a in active.values()),
-                 sorted(a.handle.pid for a in active.values()))
-        if entry != self._published:
-            self.ledger.write(*entry)
+        """This engine's entry in the ledger: what its runs commit now."""
+        self._write(self.commits(active), sum(a.threads for a in active.values()),
+                    [a.handle.pid for a in active.values()])
+
+    def _write(self, ours: Mapping[Any, int], threads: int, pids: list[int]) -> None:
+        entry = ({self.book.keys.get(g, f"index:{g}"): n for g, n in ours.items()}, threads,
+                 sorted(pids))
+        if entry != self._published and self.ledger.write(*entry):  # a failed write: again
             self._published = entry
 
     def close(self) -> None:
@@ -140,7 +154,7 @@ class Sharing:
         if wait is not None:
             wait["others"] = sum(g["others"] for g in gpus)
         return {"mode": "auto" if self.book.auto else "slots", "gpus": rounded(gpus),
-                "waits": wait, "ledger": self.ledger.problem}
+                "waits": wait, "ledger": self.ledger.problem or self.ledger.busy}
 
 
 def rounded(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
