@@ -134,9 +134,9 @@ TRAINER_KEYS: dict[str, Key] = {k.name: k for k in [
     Key("persistent_workers", "boolean", False, "keep DataLoader workers between epochs",
         affects_results=False),
     Key("gpu_memory", 'float or "auto"', "auto", "GiB of GPU memory the run may use, CUDA "
-        'context included, under [engine] runs_per_gpu = "auto" (auto: what an earlier run of '
-        "its shape measured; the first runs alone on its GPU); enforced in the run", above=0,
-        max=1 << 20, affects_results=False),
+        "context included: it is held to it and placed by it (auto: under [engine] runs_per_gpu "
+        '= "auto", what an earlier run of its shape measured, the first alone on its GPU; else '
+        "a 1/runs_per_gpu share, not enforced)", above=0, max=1 << 20, affects_results=False),
     Key("max_retries", "integer", 0, "times the engine retries a failed run", min=0, max=100,
         affects_results=False),
     # the sources of randomness and their switches (spec/sources.py); each is part of
