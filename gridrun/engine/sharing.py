@@ -90,12 +90,13 @@ class Sharing:
     # ---- placing -----------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def placing(self, active: Mapping[str, Any], foreign: Mapping[Any, int]
+    def placing(self, active: Mapping[str, Any], foreign: Mapping[Any, int], lock: bool = True
                 ) -> Iterator[dict[Any, packing.Room] | None]:
         """Under the ledger's lock: each GPU's room (None: a GPU's size is unknown); the
         body `reserve`s what it is about to start. A lock held too long by someone else
-        is gone around (ledger.busy) rather than stall the queue."""
-        with self.ledger.held():
+        is gone around (ledger.busy) rather than stall the queue. `lock` False (nothing
+        to start): the rooms only, for the views."""
+        with self.ledger.held() if lock else contextlib.nullcontext():
             self.others = self.ledger.others()
             theirs: dict[str, int] = {}
             for entry in self.others:
