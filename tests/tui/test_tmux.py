@@ -193,16 +193,18 @@ def test_clone_with_two_overrides_then_reopen_in_tmux(tmp_path):
     command = (f"{APP_ENV} GRIDRUN_ROOT={root} {sys.executable} -m gridrun; echo $? > {rc}; "
                "sleep 30")
 
-    def opened() -> Terminal:
+    def opened(n: int) -> Terminal:
         if rc.exists():
             rc.unlink()
-        term = Terminal(tmp_path / "tmux.sock", tmp_path, command, size=(100, 30))
+        # a socket of its own each time: kill-server returns before the old server is gone,
+        # and a new session on its socket then dies with it ("server exited unexpectedly")
+        term = Terminal(tmp_path / f"tmux{n}.sock", tmp_path, command, size=(100, 30))
         term.wait_for("queue file")
         term.wait_for(bad.id[:6])
         time.sleep(0.5)
         return term
 
-    term = opened()
+    term = opened(1)
     try:
         for _ in range(5):  # the completed run is the first row
             term.keys("k")
@@ -227,7 +229,7 @@ def test_clone_with_two_overrides_then_reopen_in_tmux(tmp_path):
     assert len(clones) == 1
     assert clones[0].config["trainer"]["epochs"] == 60 and clones[0].config["trainer"]["lr"] == 0.005
 
-    term = opened()
+    term = opened(2)
     try:
         screen = term.wait_for(clones[0].id)
         assert "epochs=60" in screen and "Traceback" not in screen
