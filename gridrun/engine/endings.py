@@ -65,6 +65,7 @@ class Endings:
     stopping: bool
     backoff: float
     space: DiskSpace
+    sharing: Any  # engine/sharing.py's Sharing, or None (no GPU of this machine)
     deferred: list[Exited]
 
     # ---- endings ----------------------------------------------------------------
@@ -111,7 +112,7 @@ class Endings:
             return  # a `gridrun train` process seen through its lock at a launch: not ours
         run_dir = run.run_dir(self.root)
         summary = read_summary(run_dir)
-        if summary and getattr(self, "sharing", None):  # what it measured serves its shape
+        if summary and self.sharing:  # what it measured serves its shape
             self.sharing.book.learn(run.config, summary.to_json())
         code = event.code
         if code is None and summary and (summary.ended_at or 0) >= (run.started_at or 0):
@@ -215,9 +216,8 @@ class Endings:
             self._end(run, states.FAILED, error=error, note="failed", **common)
 
     def _oom(self, run: Run, summary: Summary | None, common: dict) -> None:
-        sharing = getattr(self, "sharing", None)
         if summary and summary.memory_needed_bytes and not (
-                sharing and sharing.book.whole(summary.memory_budget_bytes)):
+                self.sharing and self.sharing.book.whole(summary.memory_budget_bytes)):
             self._over_budget(run, summary, common)  # it outgrew its budget: it alone failed
             return  # (held to a whole GPU, it is out of memory: a smaller batch, below)
         trainer = run.config["trainer"]
@@ -241,9 +241,8 @@ class Endings:
         it measured (packing.retry_budget); it resumes from its checkpoint: a budget never
         changes its bits. Twice over: out of memory, with what to give it."""
         need, had = int(s.memory_needed_bytes or 0), s.memory_budget_bytes
-        sharing = getattr(self, "sharing", None)
-        new = sharing.book.capped(packing.retry_budget(need)) if sharing else \
-            packing.retry_budget(need)
+        new = packing.retry_budget(need)
+        new = self.sharing.book.capped(new) if self.sharing else new
         if any(a.get("kind") == "budget" for a in run.adjustments):
             self._end(run, states.OOM, error=s.error, note=(
                 f"over its memory budget again: it needed {packing.gib(need)} with "

@@ -71,11 +71,7 @@ class Sharing:
 
     def commits(self, active: Mapping[str, Any]) -> dict[Any, int]:
         """GPU -> the bytes this engine's runs commit there."""
-        out: dict[Any, int] = {}
-        for act in active.values():
-            for part in act.slot.parts if act.slot and act.commit else ():
-                out[gpu_of(part)] = out.get(gpu_of(part), 0) + act.commit
-        return out
+        return held(active)[0]
 
     def friends(self) -> set[int]:
         """The pids of other engines' runs, each its entry's owner's (an entry cannot pass
@@ -140,10 +136,7 @@ class Sharing:
               foreign: Mapping[Any, int], waits: Mapping[str, Any] | None) -> dict[str, Any]:
         """packing.STATE's value: per GPU its size, what our runs, other engines and
         others' processes take, and what is free; why the first queued run waits."""
-        ours, runs = self.commits(active), {}
-        for act in active.values():
-            for part in act.slot.parts if act.slot and act.commit else ():
-                runs[gpu_of(part)] = runs.get(gpu_of(part), 0) + 1
+        ours, runs = held(active)
         gpus = []
         for gpu in self.gpus:
             room, key = (rooms or {}).get(gpu), self.book.keys.get(gpu)
@@ -154,11 +147,22 @@ class Sharing:
         wait = dict(waits) if waits else None
         if wait is not None:
             wait["others"] = sum(g["others"] for g in gpus)
-        return {"mode": "auto" if self.book.auto else "slots", "gpus": rounded(gpus),
+        return {"mode": "auto" if self.book.auto else "slots", "gpus": coarse(gpus),
                 "waits": wait, "ledger": self.ledger.problem or self.ledger.busy}
 
 
-def rounded(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def held(active: Mapping[str, Any]) -> tuple[dict[Any, int], dict[Any, int]]:
+    """GPU -> (the bytes the active runs commit there, how many of them there are)."""
+    bytes_: dict[Any, int] = {}
+    runs: dict[Any, int] = {}
+    for act in active.values():
+        for part in act.slot.parts if act.slot and act.commit else ():
+            gpu = gpu_of(part)
+            bytes_[gpu], runs[gpu] = bytes_.get(gpu, 0) + act.commit, runs.get(gpu, 0) + 1
+    return bytes_, runs
+
+
+def coarse(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Byte counts to packing.ROUND: the state changes, and is written, when memory moves
     by more than that, not with every sample of others' processes."""
     return [{k: (v // packing.ROUND * packing.ROUND if isinstance(v, int) and k not in ("gpu", "runs")
