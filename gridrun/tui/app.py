@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from rich.text import Text
 from textual import work
 from textual.app import App
 from textual.worker import Worker, WorkerState, get_current_worker
@@ -25,8 +26,7 @@ from gridrun.tui.bridge import (
 from gridrun.tui.guard import report
 from gridrun.tui.screens.main import MainScreen
 from gridrun.tui.source import Source
-
-GOODBYE = "gridrun: the engine keeps running; `gridrun` opens this view again."
+from gridrun.tui.widgets.panels import farewell
 
 
 class GridrunApp(App[None]):
@@ -126,4 +126,5 @@ class GridrunApp(App[None]):
                 self.main.save_state()
             except Exception as error:  # never keep someone from quitting
                 report(self, "saving the view", error)
-        self.exit(message=GOODBYE)
+        # the engine as the header shows it; Text, so that a root's "[...]" is not markup
+        self.exit(message=Text(farewell(self.main.engine, str(self.source.root))))

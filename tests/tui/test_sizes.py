@@ -71,7 +71,7 @@ async def test_key_bar_shows_what_fits_and_help_shows_all(make_app):
         assert "g group" in wide and "⏎ detail" in wide and "a queue file" in wide
         await pilot.press("question_mark")
         help_text = str(app.screen.query_one("#help").render())
-        assert "group" in help_text and "quit (the engine keeps running)" in help_text
+        assert "group" in help_text and "quit (the engine is left as it is)" in help_text
         assert "best↑ (best accuracy↑) = the best validation value" in help_text  # the legend
 
 

@@ -25,7 +25,7 @@ from gridrun.tui.widgets.keys import KeyBar
 from gridrun.tui.widgets.summary import table as summary_table
 from gridrun.tui.widgets.textview import TextView
 
-QUIT = Binding("q", "app.quit", "quit", tooltip="the engine keeps running")
+QUIT = Binding("q", "app.quit", "quit", tooltip="the engine is left as it is")
 SMOOTH_KEYS = [Binding("right_square_bracket", "smooth(1)", "smooth+", key_display="]"),
                Binding("left_square_bracket", "smooth(-1)", "smooth-", key_display="[")]
 FIRST = ("back", "app.pop_screen", "search", "smooth(1)", "smooth(-1)", "metric", "log",

@@ -31,7 +31,7 @@ FOOTER_FIRST = ("detail", "mark", "queue", "cancel", "retry", "filter", "sort", 
 MUST = 9
 BEST_TRIALS = 5  # `v` on a search's trial overlays this many of its best trials
 SHORT = {"detail": "open", "queue": "queue", "filter": "find"}
-QUIT = Binding("q", "app.quit", "quit", tooltip="the engine keeps running")
+QUIT = Binding("q", "app.quit", "quit", tooltip="the engine is left as it is")
 # keys whose action may not apply to the selection: pressed anyway, they say why (on_key)
 REFUSABLE = {"c": "cancel", "r": "retry", "R": "retry", "plus": "priority", "equals_sign": "priority",
              "minus": "priority", "v": "overlay", "E": "start_engine"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from rich.text import Text
 from textual.widgets import Static
 
@@ -55,6 +57,42 @@ class StatusHeader(Static):
             text.append(f"  {shown} of {total} shown", style="bold")
             text.append(f" (/{fmt.text(needle, 20)}; esc clears)", style="dim")
         self.update(text)
+
+
+def farewell(engine: EngineState | None, root: str) -> str:
+    """What quitting prints: the engine as the header last showed it (the same
+    `EngineState`), what becomes of the queue, and the command that acts on it. It
+    used to say "the engine keeps running" even when the header said stopped."""
+    where = f"--root {shlex.quote(root)}"
+    again = f"`gridrun {where}` opens this view again."
+    if engine is None:  # quit before the first poll: claim nothing
+        return f"gridrun: the engine's state was not read yet (`gridrun engine status {where}` says). {again}"
+    counts = {s: fmt.whole(n) or 0 for s, n in engine.counts.items()}
+    queued, running = counts.get("queued", 0), counts.get("running", 0)
+    waiting = f"the {queued} queued run{'s' * (queued != 1)} wait{'s' * (queued == 1)}"
+    if engine.running and engine.not_responding is not None:
+        return (f"gridrun: the engine has not responded for {engine.not_responding} s (stopped or "
+                f"stuck): `gridrun engine status {where}` says what to do. {again}")
+    if engine.running and engine.waiting_for_space:
+        return ("gridrun: the engine keeps running but launches nothing until there is disk "
+                f"space (free some: it resumes by itself). {again}")
+    resume = f"`gridrun resume {where}`"
+    if engine.running and engine.paused:
+        what = "; ".join(n for n in ("running runs finish" * bool(running),
+                                     f"{waiting} for {resume}" * bool(queued)) if n)
+        return f"gridrun: the engine keeps running, its queue paused{': ' * bool(what)}{what}. {again}"
+    if engine.running:
+        going = " and ".join(n for n in (f"{running} running" * bool(running),
+                                          f"{queued} queued" * bool(queued)) if n)
+        total = running + queued
+        go_on = (f": {going} run{'s' * (total != 1)} go{'es' * (total == 1)} on" if going
+                 else " (nothing is queued)")
+        return f"gridrun: the engine keeps running{go_on}. {again}"
+    start = f"`gridrun engine start {where}`"
+    if queued:
+        paused = f" and {resume} resumes the paused queue" if engine.paused else ""
+        return f"gridrun: the engine is stopped: {waiting} until {start} starts it{paused}. {again}"
+    return f"gridrun: the engine is stopped ({start} starts it). {again}"
 
 
 class MachinePanel(Static):
