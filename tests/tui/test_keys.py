@@ -276,3 +276,45 @@ async def test_clearing_the_filter_keeps_queue_order_and_refilters_once(make_app
         await pilot.pause(0.4)  # past the filter's debounce
         assert rebuilds == [""]
         assert table.order == queue_order
+
+
+# ---- issue 44, item 11: the key bar shows only the keys that act on the tab shown ------
+
+CURVE_KEYS = ("log", "wall_clock", "smooth(1)", "smooth(-1)")
+
+
+@aio
+async def test_the_detail_key_bar_shows_curve_keys_only_where_they_act(make_app):
+    from textual.widgets import TabbedContent
+
+    from gridrun.tui.widgets.keys import KeyBar
+
+    app, _ = make_app()
+    async with app.run_test(size=(200, 40)) as pilot:  # wide: every key the tab has fits
+        await settle(pilot)
+        await pilot.press("enter")
+        await until(pilot, lambda: "train loss" in app.screen.data.series)
+        screen, tabs = app.screen, app.screen.query_one(TabbedContent)
+        bar = screen.query_one(KeyBar)
+
+        def shown() -> set[str]:
+            return {action for action in CURVE_KEYS if bar.enabled(action) is not None}
+
+        assert shown() == set(CURVE_KEYS)  # the curves tab: all of them
+        for tab in ("output-tab", "summary-tab", "config-tab"):
+            tabs.active = tab
+            await pilot.pause()
+            assert shown() == set(), tab
+            text = bar.render().plain
+            assert "log scale" not in text and "smooth" not in text, text
+            assert "esc back" in text and "q quit" in text
+        await pilot.press("l", "w")  # not on the bar, and not acting unseen either
+        assert not screen.log_scale and not screen.wall_clock
+        tabs.active = "diagnostics-tab"  # its grad-norm plot is smoothed; log and x are fixed
+        await pilot.pause()
+        assert shown() == {"smooth(1)", "smooth(-1)"}
+        tabs.active = "curves-tab"
+        await pilot.pause()
+        assert shown() == set(CURVE_KEYS)
+        await pilot.press("l")
+        assert screen.log_scale

@@ -28,6 +28,11 @@ from gridrun.tui.widgets.textview import TextView
 QUIT = Binding("q", "app.quit", "quit", tooltip="the engine is left as it is")
 SMOOTH_KEYS = [Binding("right_square_bracket", "smooth(1)", "smooth+", key_display="]"),
                Binding("left_square_bracket", "smooth(-1)", "smooth-", key_display="[")]
+# The keys that act only on some tabs, and those tabs: elsewhere they are off the key bar
+# and do nothing (they used to show on the summary tab, where they change nothing seen).
+# Smoothing also draws the diagnostics' grad norm; its log axis and steps are fixed.
+ON_TABS = {"log": ("curves-tab",), "wall_clock": ("curves-tab",),
+           "smooth": ("curves-tab", "diagnostics-tab")}
 FIRST = ("back", "app.pop_screen", "search", "smooth(1)", "smooth(-1)", "metric", "log",
          "wall_clock", "export_model", "app.help", "app.quit")
 
@@ -322,6 +327,9 @@ class DetailScreen(Smoothing, Screen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "export_model":  # a finished run's best.pt; greyed out before
             return True if self.run.status in FINISHED else None
+        if action in ON_TABS and self.is_mounted:
+            if self.query_one(TabbedContent).active not in ON_TABS[action]:
+                return False  # off the bar, not merely dim: nothing on this tab to act on
         return not (isinstance(self.focused, Input) and action not in ("back", "app.quit"))
 
     def action_export_model(self) -> None:
