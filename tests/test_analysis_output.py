@@ -1,5 +1,8 @@
 """Table formats, exports and the `compare` / `export` commands on real run folders."""
 
+import csv
+import importlib.util
+import io
 import json
 import os
 
@@ -104,6 +107,38 @@ def test_export_metrics_long_format(tmp_path):
     assert export.export_metrics(tmp_path, out, experiment="f", force=True) == 0
     assert list(pd.read_csv(out).columns) == ["run_id", "step", "epoch", "split", "metric", "value"]
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_arrays_and_booleans_are_written_as_json_in_every_csv(tmp_path):
+    """The runs CSV, compare's CSV, a Parquet file's text and MLflow's params spell a value
+    alike: JSON for arrays and booleans, never Python's `(0.9, 0.999)` or `True`."""
+    from gridrun.analysis import mlflow_records
+
+    for seed, betas in enumerate(([0.9, 0.999], [0.8, 0.99])):
+        make_run(tmp_path, "tricks", seed, trainer={"betas": betas, "nesterov": True},
+                 axes={"betas": betas}, variant=f"betas={betas}", best={"loss": 0.5})
+    out = tmp_path / "runs.csv"
+    assert cli("export", "-o", out, "--root", tmp_path).exit_code == 0
+    with open(out, newline="") as f:
+        rows = {r["seed"]: r for r in csv.DictReader(f)}
+    assert (rows["0"]["betas"], rows["1"]["betas"]) == ("[0.9, 0.999]", "[0.8, 0.99]")
+    assert (rows["0"]["nesterov"], rows["0"]["drop_last"], rows["0"]["compile"]) == \
+        ("true", "true", "false")
+    assert rows["0"]["checkpoint_modules"] == "[]" and rows["0"]["lr"] == "0.001"
+    config = {"task": "spirals", "trainer": {"betas": [0.9, 0.999], "nesterov": True,
+                                             "compile": False}, "task_args": {}}
+    sent = mlflow_records.params_of(config)
+    assert (sent["betas"], sent["nesterov"], sent["compile"]) == \
+        (rows["0"]["betas"], rows["0"]["nesterov"], rows["0"]["compile"])
+
+    result = cli("compare", "tricks", "--by", "betas", "--format", "csv", "--root", tmp_path)
+    assert result.exit_code == 0, result.output
+    cells = {r["betas"] for r in csv.DictReader(io.StringIO(result.output))}
+    assert cells == {"[0.9, 0.999]", "[0.8, 0.99]"}
+    if importlib.util.find_spec("pyarrow") is not None:
+        parquet = tmp_path / "runs.parquet"
+        assert cli("export", "-o", parquet, "--root", tmp_path).exit_code == 0
+        assert sorted(pd.read_parquet(parquet)["betas"]) == ["[0.8, 0.99]", "[0.9, 0.999]"]
 
 
 def test_parquet_needs_pyarrow(grid_root, tmp_path, monkeypatch):

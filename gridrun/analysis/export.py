@@ -23,6 +23,7 @@ import pandas as pd
 
 from gridrun import userfiles
 from gridrun.analysis.ablation import AnalysisError
+from gridrun.analysis.rowtable import spelled
 from gridrun.runs import layout, runlog, states
 from gridrun.runs import records as rec
 from gridrun.runs.layout import UnsafePath
@@ -73,14 +74,16 @@ def write_frame(frame: pd.DataFrame, out: str | os.PathLike, *, force: bool = Fa
     """CSV, or Parquet when `out` ends in .parquet, written atomically (see
     `atomic_file`); returns the number of rows."""
     out = Path(out)
+    frame = frame.copy()
     if out.suffix == ".parquet":
         _parquet_module()
-        frame = frame.copy()
-        for c in frame.select_dtypes(include="object").columns:
-            frame[c] = frame[c].map(lambda v: None if v is None else str(v))
+        for c in frame.select_dtypes(include="object").columns:  # Parquet's booleans stay
+            frame[c] = frame[c].map(lambda v: None if v is None else str(spelled(v)))
         with atomic_file(out, force=force, binary=True) as f:
             frame.to_parquet(f, index=False)
     else:
+        for c in frame.select_dtypes(include=["object", "bool"]).columns:
+            frame[c] = frame[c].map(spelled)  # JSON's spelling, as MLflow's params have it
         with atomic_file(out, force=force) as f:
             frame.to_csv(f, index=False)
     return len(frame)

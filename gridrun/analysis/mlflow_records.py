@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gridrun.analysis.rowtable import spelled
 from gridrun.analysis.tensorboard import scalars
 from gridrun.runs import layout, nofollow, states
 from gridrun.runs import records as rec
@@ -60,9 +61,15 @@ STATUS = {states.RUNNING: "RUNNING", states.COMPLETED: "FINISHED", states.STOPPE
 
 
 def param_value(value: Any) -> str:
-    """A string as it is, anything else in JSON's spelling (as the run id hashes it); cut at
-    MLflow's 6000 characters (a longer value would refuse the whole run)."""
-    return (value if isinstance(value, str) else json.dumps(value))[:PARAM_VALUE_MAX]
+    """A string as it is, anything else in JSON's spelling, as the CSV files write it
+    (rowtable.spelled); cut at MLflow's 6000 characters (a longer value would refuse the
+    whole run)."""
+    return _text(value)[:PARAM_VALUE_MAX]
+
+
+def _text(value: Any) -> str:
+    text = spelled(value)
+    return text if isinstance(text, str) else json.dumps(text)
 
 
 def params_of(config: Mapping[str, Any]) -> dict[str, str]:
@@ -99,7 +106,7 @@ def _flat(prefix: str, values: Any, out: dict[str, str]) -> None:
             if not isinstance(v, Mapping | list):
                 _flat(f"{prefix}.{mlflow_key(str(k))}", v, out)
     elif values is not None and values != "":
-        out[prefix] = values if isinstance(values, str) else json.dumps(values)
+        out[prefix] = _text(values)
 
 
 def tags_of(run: Any, summary: rec.Summary | None) -> dict[str, str]:
@@ -129,7 +136,9 @@ def tags_of(run: Any, summary: rec.Summary | None) -> dict[str, str]:
 
 
 def run_name(run: Any) -> str:
-    return f"{run.variant or 'baseline'} s{run.seed}"
+    """`lr=0.001 s0`; a run of an experiment with nothing varying (no variant) is named
+    by its experiment: `tricks s0` (an ablation's unchanged run is its variant `baseline`)."""
+    return f"{run.variant or run.experiment} s{run.seed}"
 
 
 def millis(t: Any) -> int:

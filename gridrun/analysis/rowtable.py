@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +22,17 @@ if TYPE_CHECKING:
 
 def missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def spelled(value: Any) -> Any:
+    """A cell as every file gridrun writes for other tools spells it (the CSV files, a
+    Parquet file's text columns, MLflow's params and tags): an array (a list, or the tuple
+    a frame groups it as), a table or a boolean in JSON's spelling (`[0.9, 0.999]`,
+    `true`); anything else as it is. One spelling, so that a value read in one of them
+    finds the same run in another."""
+    if isinstance(value, bool | list | tuple | dict):
+        return json.dumps(value, default=str)
+    return value
 
 
 @dataclass
@@ -55,7 +67,7 @@ class RowTable:
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(self.columns)
-        writer.writerows([["" if missing(v := r.get(c)) else v for c in self.columns]
+        writer.writerows([["" if missing(v := r.get(c)) else spelled(v) for c in self.columns]
                           for r in self.rows])
         return out.getvalue()
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gridrun.analysis.ablation import AnalysisError, ablation
 from gridrun.analysis.frames import run_rows, store_runs
-from gridrun.analysis.rowtable import RowTable, missing
+from gridrun.analysis.rowtable import RowTable, missing, spelled
 from gridrun.analysis.search import METRIC_COLUMN, board_of, leaderboard_cells, leaderboard_notes
 from gridrun.runs import layout, records
 
@@ -207,7 +207,8 @@ def format_leaderboard(board: dict[str, Any], experiment: str, fmt: str = "table
         writer.writerow(["rank", "trial", "status", "rung", "epochs", board["metric"],
                          f"best_{board['metric']}", *keys])
         writer.writerows([t["rank"], t["trial"], t["status"], t["rung"], t["epochs"], t["value"],
-                          t.get("best"), *t["values"].values()] for t in board["leaders"])
+                          t.get("best"), *map(spelled, t["values"].values())]
+                         for t in board["leaders"])
         return out.getvalue()
     head, rows = leaderboard_cells(board)
     below = leaderboard_notes(board)
