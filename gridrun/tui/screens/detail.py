@@ -327,9 +327,9 @@ class DetailScreen(Smoothing, Screen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "export_model":  # a finished run's best.pt; greyed out before
             return True if self.run.status in FINISHED else None
-        if action in ON_TABS and self.is_mounted:
-            if self.query_one(TabbedContent).active not in ON_TABS[action]:
-                return False  # off the bar, not merely dim: nothing on this tab to act on
+        if action in ON_TABS and self.is_mounted \
+                and self.query_one(TabbedContent).active not in ON_TABS[action]:
+            return False  # off the bar, not merely dim: nothing on this tab to act on
         return not (isinstance(self.focused, Input) and action not in ("back", "app.quit"))
 
     def action_export_model(self) -> None:
