@@ -132,7 +132,8 @@ def blocking(where: str = "main", after: int = 0, fifo: str = "", marker: str = 
 
 
 # ---- hostile inputs (issue 36): what runs in a child process, so that a hang before a
-# fix is a failed test (the child is killed at the timeout), never a hung test session
+# fix is a failed test (the child is killed at the timeout), never a hung test session;
+# each timeout is in quiet seconds (tests/patience.py), so a busy machine only stretches it
 
 def gridrun_child(*args, timeout: float = 60, address_space: int | None = None,
                   cwd: str | os.PathLike | None = None) -> tuple[int, str, str, float]:
@@ -142,17 +143,19 @@ def gridrun_child(*args, timeout: float = 60, address_space: int | None = None,
     import subprocess
     import sys
 
+    import patience
+
     def limit():
         if address_space is not None:
             resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
 
     started = time.monotonic()
     try:
-        done = subprocess.run([sys.executable, "-m", "gridrun", *map(str, args)], cwd=cwd,
-                              capture_output=True, text=True, timeout=timeout, preexec_fn=limit,
-                              stdin=subprocess.DEVNULL)
+        done = patience.run([sys.executable, "-m", "gridrun", *map(str, args)], cwd=cwd,
+                            capture_output=True, text=True, timeout=timeout, preexec_fn=limit,
+                            stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"gridrun {' '.join(map(str, args))} still ran after {timeout} s "
+        raise AssertionError(f"gridrun {' '.join(map(str, args))} still ran after {e.timeout} s "
                              f"(killed); stderr: {e.stderr!r}") from None
     return done.returncode, done.stdout, done.stderr, time.monotonic() - started
 
@@ -164,6 +167,7 @@ def train_child(tmp_path: Path, name: str, data: str | os.PathLike, timeout: flo
     import subprocess
     import sys
 
+    import patience
     from test_resume import make_run
 
     from gridrun.runs import layout
@@ -171,10 +175,10 @@ def train_child(tmp_path: Path, name: str, data: str | os.PathLike, timeout: flo
     args = {"inner_task": "images", "step_sleep": 0.0, "data": str(data), "channels": 4}
     _, run_dir = make_run(tmp_path, name, args, epochs=1, batch_size=8)
     try:
-        subprocess.run([sys.executable, "-m", "gridrun.train.worker", str(run_dir)],
-                       capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"training on {data} still ran after {timeout} s (killed)") from None
+        patience.run([sys.executable, "-m", "gridrun.train.worker", str(run_dir)],
+                     capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"training on {data} still ran after {e.timeout} s (killed)") from None
     return json.loads((run_dir / layout.SUMMARY).read_text())
 
 

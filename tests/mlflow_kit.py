@@ -22,7 +22,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-HEALTH_WAIT = 120.0  # seconds a server start may take on a busy machine
+import patience
+
+HEALTH_WAIT = 120.0  # quiet seconds a server start may take (a busy machine stretches them)
 
 
 def gated_spirals(gate: str = "", at: int = 5, **kwargs: Any) -> Any:
@@ -52,17 +54,10 @@ def free_port() -> int:
 
 
 def wait_for(predicate: Any, timeout: float = 120.0, interval: float = 0.2, what: Any = "") -> Any:
-    """`predicate()` once it is true, polling up to `timeout` s; `what` (or what it returns,
-    when callable: the state to show) is said when it never was."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            said = what() if callable(what) else what or predicate
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {said}")
-        time.sleep(interval)
+    """`predicate()` once it is true, polling up to `timeout` quiet seconds (tests/patience.py:
+    a busy machine stretches them); `what` (or what it returns, when callable: the state to
+    show) is said when it never was."""
+    return patience.wait_for(predicate, timeout, interval, what)
 
 
 def _stop_group(proc: subprocess.Popen, wait: float = 20.0) -> None:
@@ -137,7 +132,7 @@ class MirrorProcess:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.proc.pid, signal.SIGTERM)
         try:
-            return self.proc.wait(timeout=60)
+            return patience.wait(self.proc, 60)
         finally:
             _stop_group(self.proc, wait=1)
 

@@ -10,8 +10,9 @@ import contextlib
 import json
 import os
 import signal
-import time
 from pathlib import Path
+
+import patience
 
 from gridrun.runs import layout, records, runlog, states
 from gridrun.spec import TRAINER_KEYS, RunSpec, run_id, write_run_config
@@ -46,20 +47,17 @@ def summary(root: Path, run: RunSpec) -> dict:
 
 
 def wait_for(predicate, timeout: float = 60.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {predicate}")
+    """`predicate()` once true; `timeout` is in quiet seconds (tests/patience.py): a busy
+    machine stretches it, so only a hang fails."""
+    return patience.wait_for(predicate, timeout, interval)
 
 
 def drain(engine, timeout: float = 120.0) -> None:
-    """Step an in-process engine until nothing is queued or running."""
-    deadline = time.monotonic() + timeout
+    """Step an in-process engine until nothing is queued or running (`timeout` in quiet
+    seconds: a guard against a hang, never a race with a loaded machine)."""
+    deadline = patience.Deadline(timeout)
     while not engine.idle():
-        assert time.monotonic() < deadline, "the queue did not drain"
+        assert not deadline.passed(), f"the queue did not drain in {deadline}"
         engine.step()
 
 
@@ -81,13 +79,13 @@ def prepare(root, run: RunSpec) -> Path:
 
 
 def wait_exit(backend, timeout: float = 90.0) -> list:
-    """The first events a backend reports: some run ended."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """The first events a backend reports: some run ended (`timeout` in quiet seconds)."""
+    deadline = patience.Deadline(timeout)
+    while not deadline.passed():
         events = backend.poll(0.2)
         if events:
             return events
-    raise AssertionError("no run ended in time")
+    raise AssertionError(f"no run ended in {deadline}")
 
 
 def engine_for(root, backend, slots: int = 2, **kw):
