@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import re
 import sqlite3
 import stat
 
@@ -38,6 +39,33 @@ def test_refuses_a_newer_schema(tmp_path):
     db.commit()
     with pytest.raises(RuntimeError, match="newer gridrun"):
         Store(root)
+
+
+def test_a_root_has_one_identity_made_with_its_store_and_kept(tmp_path):
+    """Two roots holding the same run ids are told apart (the MLflow mirror keys a run by
+    its root and its id): each store gets a random root id once, kept for its life; an older
+    store gets one when it is migrated."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    with Store(a) as store:
+        first = store.root_id()
+        store.enqueue([make_run()])
+    with Store(b) as store:
+        store.enqueue([make_run()])  # the same run id
+        assert store.root_id() != first
+    assert re.fullmatch("[0-9a-f]{16}", first)
+    with Store(a) as store:
+        assert store.root_id() == first
+    with Store(a, create=False, create_store=False) as reader:
+        assert reader.root_id() == first
+    db = sqlite3.connect(a / "gridrun.db")  # as a store from before root ids was
+    db.execute("DELETE FROM state WHERE key = 'root_id'")
+    db.execute(f"PRAGMA user_version = {len(MIGRATIONS) - 1}")
+    db.commit()
+    db.close()
+    with Store(a) as store:
+        older = store.root_id()
+    with Store(a) as store:
+        assert store.root_id() == older != first and len(store.list_runs()) == 1
 
 
 def test_enqueue_skips_known_cells_and_force_queues_a_new_attempt(store):

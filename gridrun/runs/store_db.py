@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shlex
 import sqlite3
@@ -57,6 +58,12 @@ MIGRATIONS = [
     """,
     # searches: their trials' rung results and the decisions taken (store_search.py)
     SEARCH_SCHEMA,
+    # the root's identity, made once with its store (or when an older store is migrated):
+    # two roots may hold the same run ids (one root per device count), and what mirrors
+    # them elsewhere (MLflow) tells their runs apart by it
+    """
+    INSERT OR IGNORE INTO state VALUES ('root_id', '"' || lower(hex(randomblob(8))) || '"');
+    """,
 ]
 
 
@@ -272,6 +279,15 @@ class Database:
                 if "locked" not in str(e) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.005)
+
+    def root_id(self) -> str | None:
+        """This root's identity: 16 hex digits drawn at random when its store was made,
+        kept for the store's life (a store rebuilt by `doctor --rebuild` draws another).
+        None only for a store older than root ids read as it is on disk (a reader's view
+        on a full disk): it gets one when it is next opened for writing."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM state WHERE key = 'root_id'").fetchone()
+        return None if row is None else json.loads(row[0])
 
     def close(self) -> None:
         with self._lock:
