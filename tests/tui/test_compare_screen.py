@@ -125,3 +125,66 @@ async def test_at_80_columns_the_early_stop_metric_shows_without_scrolling(tmp_p
         await pilot.resize_terminal(280, 30)
         await until(pilot, lambda: "Welch p" in [str(c.label) for c in table.columns.values()])
         assert "val loss ↓ at best f1" in [str(c.label) for c in table.columns.values()]
+
+
+# ---- issue 44, item 11: Right and Left scroll by whole columns, not by a character ------
+
+
+def column_starts(table) -> list[int]:
+    """The scroll offsets at which each column after the frozen names starts right
+    after them: where a sideways scroll should stop."""
+    widths = [c.get_render_width(table) for c in table.ordered_columns[table.fixed_columns:]]
+    return [sum(widths[:k]) for k in range(len(widths))]
+
+
+@aio
+async def test_right_and_left_scroll_by_whole_columns(tmp_path):
+    from gridrun.tui.app import GridrunApp
+    from gridrun.tui.store_source import StoreSource
+
+    app = GridrunApp(StoreSource(f1_experiment(tmp_path)), live=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        app.push_screen(CompareScreen("cls"))
+        await until(pilot, lambda: getattr(app.screen, "shown", None) is not None)
+        await pilot.pause()
+        table = app.screen.query_one("#ablation")
+        starts = column_starts(table)
+        frozen = sum(c.get_render_width(table) for c in table.ordered_columns[:table.fixed_columns])
+        room = table.scrollable_content_region.width - frozen
+        before = header_line(table)
+        await pilot.press("right")
+        await pilot.pause()
+        first = table.scroll_x
+        # half a screen of whole columns, as the runs list scrolls: a column starts at the edge
+        assert first in starts and first >= room // 2, (first, starts)
+        after = header_line(table)
+        assert after[:frozen] == before[:frozen]  # the rows' names stay
+        assert after != before
+        await pilot.press("right")
+        await pilot.pause()
+        second = table.scroll_x
+        assert second - first >= room // 2 and (second in starts or second == table.max_scroll_x)
+        await pilot.press("left")  # back half a screen, a column at the edge again
+        await pilot.pause()
+        assert table.scroll_x in starts and second - table.scroll_x >= room // 2
+        await pilot.press("left", "left", "left")
+        await pilot.pause()
+        assert table.scroll_x == 0
+        for _ in range(20):  # to the end, and no further
+            await pilot.press("right")
+        await pilot.pause()
+        assert table.scroll_x == table.max_scroll_x
+
+
+def test_next_offset_lands_on_a_column_and_stops_at_the_ends():
+    from gridrun.tui.widgets.compare_columns import next_offset
+
+    widths, room, end = [10, 10, 10, 10, 10], 30, 25  # columns start at 0, 10, 20, 30, 40
+    assert next_offset(widths, 0, 1, room, end) == 20  # half a screen (15) or more, whole
+    assert next_offset(widths, 20, 1, room, end) == 25  # past the end: the end
+    assert next_offset(widths, 25, 1, room, end) == 25
+    assert next_offset(widths, 25, -1, room, end) == 10
+    assert next_offset(widths, 3, -1, room, end) == 0  # from mid-column (a mouse scroll)
+    assert next_offset(widths, 0, -1, room, end) == 0
+    assert next_offset([40], 0, 1, 10, 30) == 30  # one column wider than the screen

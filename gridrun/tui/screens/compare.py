@@ -12,12 +12,13 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Static
+from textual.widgets import Static
 
 from gridrun.tui.guard import refresh
 from gridrun.tui.screens.detail import QUIT
 from gridrun.tui.source import Table
 from gridrun.tui.widgets.compare_columns import Arranged, arrange
+from gridrun.tui.widgets.compare_table import CompareTable
 from gridrun.tui.widgets.keys import KeyBar
 
 SCROLLBAR = 2  # cells the table's vertical scrollbar may take
@@ -51,12 +52,12 @@ class CompareScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Static(self.title_text(), id="title")
-        yield DataTable(id="ablation", cursor_type="row")
+        yield CompareTable(id="ablation", cursor_type="row")
         yield Static("", id="note")
         yield KeyBar(("export", "app.pop_screen", "app.help", "app.quit"))
 
     def on_mount(self) -> None:
-        self.query_one(DataTable).loading = True  # until the first table is built
+        self.query_one(CompareTable).loading = True  # until the first table is built
         self.load()
         self.set_interval(2.0, self.load)
 
@@ -73,7 +74,7 @@ class CompareScreen(Screen):
 
     @refresh
     def show(self, t: Table) -> None:
-        dt = self.query_one(DataTable)
+        dt = self.query_one(CompareTable)
         dt.loading = False
         if t == self.shown:
             return
@@ -89,7 +90,7 @@ class CompareScreen(Screen):
         """The table's columns as they fit the screen (widgets/compare_columns.py): the
         early-stop metric's right after the rows' names, the others' headers short when
         the whole does not fit."""
-        dt = self.query_one(DataTable)
+        dt = self.query_one(CompareTable)
         self.arranged = shown = arrange(t, self.size.width - SCROLLBAR)
         row = dt.cursor_row
         dt.clear(columns=True)
@@ -108,10 +109,10 @@ class CompareScreen(Screen):
             self.fill(self.shown)
 
     def action_cursor_down(self) -> None:
-        self.query_one(DataTable).action_cursor_down()
+        self.query_one(CompareTable).action_cursor_down()
 
     def action_cursor_up(self) -> None:
-        self.query_one(DataTable).action_cursor_up()
+        self.query_one(CompareTable).action_cursor_up()
 
     def action_export(self) -> None:
         from gridrun.tui.screens.dialogs import Prompt

@@ -36,13 +36,14 @@ class HelpScreen(ModalScreen[None]):
         from gridrun.tui.screens.overlay import OverlayScreen
         from gridrun.tui.screens.sort import CHOICES
         from gridrun.tui.widgets.columns import LEGEND
+        from gridrun.tui.widgets.compare_table import CompareTable
         from gridrun.tui.widgets.runs_table import RunsTable
         from gridrun.tui.widgets.textview import TextView
         sort_keys = "  ".join(f"{key} {name.split(' (')[0]}" for key, name in CHOICES.values())
         text = key_table({"runs": [*MainScreen.BINDINGS, *RunsTable.BINDINGS],
                           "run detail": DetailScreen.BINDINGS,
                           "output and config (in the run detail)": TextView.BINDINGS,
-                          "overlay": OverlayScreen.BINDINGS, "compare": CompareScreen.BINDINGS},
+                          "overlay": OverlayScreen.BINDINGS, "compare": [*CompareScreen.BINDINGS, *CompareTable.BINDINGS]},
                          notes=(f"[b]sort menu[/] (s, then a key): {sort_keys}", "", LEGEND, "",
                                 "The view (filter, sort, grouping, marks, cursor) is kept per "
                                 "root in tui-state.json and restored on open.", ""))

@@ -6,12 +6,14 @@ early-stop metric's (its value, Δ and p: `Table.lead`), then the others in the 
 without scrolling sideways. When the whole table is wider than the screen, the other
 metrics' headers take their short forms first (`loss ↓` for `val loss ↓ at best f1`,
 `p` for `Welch p`: the note under the table says what they are); nothing is dropped,
-the rest is a sideways scroll away, the names frozen on the left.
+the rest is a sideways scroll away, the names frozen on the left: Right and Left
+scroll half a screen of whole columns (`next_offset`), as the runs list does.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.cells import cell_len
@@ -69,3 +71,18 @@ def arrange(t: Table, width: int) -> Arranged:
     where = {j: k for k, j in enumerate(order)}
     best = frozenset((i, where[j]) for i, j in t.best if j in where)
     return Arranged(order, labels, best, min(t.names, len(order)), short)
+
+
+def next_offset(widths: Sequence[int], x: float, by: int, room: int, end: float) -> float:
+    """Where Right (by=1) or Left (-1) scrolls the columns right of the frozen names:
+    `widths` are theirs in cells, `x` the offset now, `room` the cells they have on the
+    screen and `end` the largest offset. It moves half a screen or more, in whole
+    columns (at least one), so that a column starts right after the names: the runs
+    list's sideways step, not DataTable's one cell under a row cursor."""
+    starts = [sum(widths[:k]) for k in range(len(widths))]
+    half = max(1, room // 2)
+    if by > 0:
+        far = [s for s in starts if s - x >= half]
+        return min(far[0], end) if far else end  # within half a screen of the end: the end
+    far = [s for s in starts if x - s >= half]
+    return far[-1] if far else 0
