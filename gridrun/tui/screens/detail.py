@@ -100,8 +100,8 @@ class DetailScreen(Smoothing, Screen):
     CSS_PATH = "detail.tcss"
     BINDINGS: ClassVar = [
         *SMOOTH_KEYS,
-        Binding("l", "log", "log scale"),
-        Binding("w", "wall_clock", "x: time/step"),
+        Binding("l", "log", "log scale", tooltip="on the curves tab"),
+        Binding("w", "wall_clock", "x: time/step", tooltip="on the curves tab"),
         Binding("tab", "tab(1)", "next tab", show=False),
         Binding("shift+tab", "tab(-1)", "previous tab", show=False),
         Binding("slash", "search", "search", key_display="/"),
