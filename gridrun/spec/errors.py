@@ -160,7 +160,10 @@ class LineIndex:
             header = _HEADER.match(raw)
             if header:
                 table = _split_dotted(header.group(1))
-                self.lines.setdefault(table, number)
+                # a table written only through its subtables ([experiment.tricks]) is at
+                # its first one: a problem with the table itself still gets a line
+                for i in range(1, len(table) + 1):
+                    self.lines.setdefault(table[:i], number)
                 continue
             key = _KEY.match(raw)
             if key:

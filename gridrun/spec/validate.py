@@ -59,50 +59,56 @@ class Checker:
             file=self.file, message=message, line=line or self.lines.find(*path),
             experiment=experiment, key=key, suggestion=suggestion))
 
-    def seeds(self, value: Any, path: tuple[str, ...], exp: str | None) -> tuple[int, ...] | None:
+    def seeds(self, value: Any, path: tuple[str, ...], exp: str) -> tuple[int, ...] | None:
+        """`value` of the `seeds` key written at `path` (the experiment's or [defaults]')."""
+        where = key_where(exp, path)
         if isinstance(value, int) and not isinstance(value, bool):
             if value > MAX_SEEDS:
                 self.add(f"expected a count of at most {MAX_SEEDS:,}, got {value:,}",
-                         *path, experiment=exp, key="seeds")
+                         *path, **where)
                 return None
             if value >= 1:
                 return tuple(range(value))
             self.add(f"expected a count >= 1 or a non-empty array of integers, got {value!r}",
-                     *path, experiment=exp, key="seeds")
+                     *path, **where)
             return None
         if (isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool)
                                                        and 0 <= s < MAX_SEED for s in value)):
             if len(set(value)) != len(value):
-                self.add("seeds are repeated in the array", *path, experiment=exp, key="seeds")
+                self.add("seeds are repeated in the array", *path, **where)
                 return None
             return tuple(value)
         bad = next((s for s in value if not (isinstance(s, int) and not isinstance(s, bool)
                                              and 0 <= s < MAX_SEED)), None) \
             if isinstance(value, list) and value else value
         self.add(f"expected a count >= 1 or a non-empty array of integers >= 0 and < 2^63 "
-                 f"({MAX_SEED:,}), got {show_value(bad)}", *path, experiment=exp, key="seeds")
+                 f"({MAX_SEED:,}), got {show_value(bad)}", *path, **where)
         return None
 
 
-def _task_signature(c: Checker, exp: str, task: str) -> TaskSignature | None:
-    """The task factory's signature (importing its module), or None after adding the problem."""
+def _task_signature(c: Checker, exp: str, task: str, path: tuple[str, ...]
+                    ) -> TaskSignature | None:
+    """The signature of the factory of `task`, written at `path` (importing its module), or
+    None after adding the problem: one in [defaults] is said once, at its line there."""
     from gridrun import tasks
 
-    line = c.lines.find("experiments", exp, "task") or c.lines.find("defaults", "task")
+    where = key_where(exp, path)
     if ":" not in task and task not in tasks.BUILTIN:
         c.add(f"unknown task {task!r}: built-in tasks are {', '.join(sorted(tasks.BUILTIN))}, "
-              "or write 'package.module:factory' for a task of your own",
-              experiment=exp, key="task", suggestion=suggest_key(task, tasks.BUILTIN), line=line)
+              "or write 'package.module:factory' for a task of your own", *path, **where,
+              suggestion=suggest_key(task, tasks.BUILTIN))
         return None
     try:
         return task_signature(tasks.resolve(task))
     except tasks.TaskNotFound as exc:
-        c.add(str(exc), experiment=exp, key="task", line=line)
+        c.add(str(exc), *path, **where)
         return None
 
 
-def _key_where(exp: str, path: tuple[str, ...]) -> dict[str, Any]:
-    """Where a key's problem is reported: `[defaults] lr`, or `[experiments.a] grid.lr`."""
+def key_where(exp: str, path: tuple[str, ...]) -> dict[str, Any]:
+    """Where a key's problem is reported: `[defaults] lr`, or `[experiments.a] grid.lr`.
+    A key in [defaults] is named without the experiment that inherits it, so the problem
+    every experiment finds there is one problem (Checker.unique), at the line it is on."""
     if path[0] == "defaults":
         return {"experiment": None, "key": "[defaults] " + ".".join(path[1:])}
     return {"experiment": exp, "key": ".".join(path[2:])}
@@ -122,10 +128,10 @@ def _check_key(c: Checker, exp: str, key: str, value: Any, params: dict[str, Any
         # a [defaults] key is checked by every experiment: name the task, not the experiment
         of = f"task {task!r}" if path[0] == "defaults" and task else "the task"
         c.add(f"unknown key {key!r}: not a trainer key and not a parameter of {of}",
-              *path, **_key_where(exp, path), suggestion=suggest_key(key, known))
+              *path, **key_where(exp, path), suggestion=suggest_key(key, known))
         return False, None
     if expected is not None:
-        c.add(expected, *path, **_key_where(exp, path))
+        c.add(expected, *path, **key_where(exp, path))
         return False, None
     return True, cleaned
 
@@ -181,14 +187,15 @@ def _experiment(c: Checker, name: str, table: Any, defaults: dict[str, Any]) -> 
         return None
     n_before = len(c.problems)
     task = table.get("task", defaults.get("task"))
+    task_path = (*path, "task") if "task" in table else ("defaults", "task")
     if task is None:
         c.add('has no task: add task = "spirals" (a built-in) or "package.module:factory"',
               *path, experiment=name, key="task")
         return None
     if not isinstance(task, str):
-        c.add(f"expected a string, got {toml_type(task)}", *path, "task", experiment=name, key="task")
+        c.add(f"expected a string, got {toml_type(task)}", *task_path, **key_where(name, task_path))
         return None
-    signature = _task_signature(c, name, task)
+    signature = _task_signature(c, name, task, task_path)
     if signature is None:
         return None
     params = None if signature.any_keyword else signature.params
