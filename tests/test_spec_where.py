@@ -105,3 +105,24 @@ def test_bad_seeds_in_defaults_are_named_as_defaults_once(tmp_path):
         f"{path}:3: [defaults] seeds: expected a count >= 1 or a non-empty array of integers, "
         "got 0", f"1 problem in {path}; nothing was changed."]
 
+
+def test_devices_that_do_not_divide_accumulate_in_defaults_are_reported_once(tmp_path):
+    path = write(tmp_path, '[defaults]\ntask = "spirals"\naccumulate = 3\ndevices = 2\n\n'
+                 '[experiments.a]\ngrid = { lr = [0.1, 0.2] }\n\n[experiments.b]\nlr = 0.2\n')
+    code, err = plan(path)
+    assert code == 2
+    assert err.splitlines() == [
+        f"{path}:4: [defaults] devices: devices = 2 does not divide accumulate = 3: each device "
+        "takes an equal share of a step's micro-batches; use devices in [1, 3] or accumulate a "
+        "multiple of 2", f"1 problem in {path}; nothing was changed."]
+
+
+def test_devices_an_ablation_sets_are_reported_at_the_ablation(tmp_path):
+    path = write(tmp_path, '[defaults]\ntask = "spirals"\naccumulate = 2\n\n[experiments.a]\n'
+                 'devices = 2\nablations.wide = { devices = 3 }\n')
+    code, err = plan(path)
+    assert code == 2
+    assert err.splitlines()[0] == (
+        f"{path}:7: [experiments.a] ablations.wide.devices: devices = 3 does not divide "
+        "accumulate = 2 (wide): each device takes an equal share of a step's micro-batches; use "
+        "devices in [1, 2] or accumulate a multiple of 3")

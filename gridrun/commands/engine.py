@@ -71,11 +71,13 @@ def _resolve(store, prefixes: list[str]) -> list[str]:
 
 def _queue(file: Path, root: Path, force: bool,
            check: bool = True) -> tuple[list, list[str], list[str]]:
+    from gridrun.commands.plan import gpus_an_engine_here_could_take
     from gridrun.engine.backends.registry import BackendError, check_backend
     from gridrun.spec import SpecError, load
 
     try:
-        loaded = load(file, force=force)  # one read of the file: its runs and its [engine]
+        # one read of the file: its runs and its [engine], which every run must fit
+        loaded = load(file, force=force, gpus_here=gpus_an_engine_here_could_take)
         runs, engine = loaded.runs, loaded.engine
         if engine is not None:
             check_backend(engine)

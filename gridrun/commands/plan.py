@@ -23,12 +23,23 @@ PlanRootOption = Annotated[
 ]
 
 
-def load_or_exit(file: Path, *, force: bool = False):
-    """The file's runs, or every problem on stderr and exit 2."""
+def gpus_an_engine_here_could_take() -> int:
+    """The most GPUs an engine started on this machine could take with no `gpus` key in
+    [engine] (engine/backends/slots.slots_for): the ones NVML sees, or more where a job's
+    CUDA_VISIBLE_DEVICES names more (MIG instances); never raises, 0 without a driver."""
+    from gridrun.engine.backends.slots import gpu_count, inherited_gpus
+
+    return max(gpu_count(), len(inherited_gpus() or []))
+
+
+def load_or_exit(file: Path, *, force: bool = False, for_the_engine: bool = False):
+    """The file's runs, or every problem on stderr and exit 2. `for_the_engine`: the runs
+    are to be queued (`plan`), so one that can never fit the file's [engine] is refused."""
     from gridrun.spec import SpecError, load_runs
 
     try:
-        return load_runs(file, force=force)
+        return load_runs(file, force=force,
+                         gpus_here=gpus_an_engine_here_could_take if for_the_engine else None)
     except SpecError as err:
         n = len(err.problems)
         fail(f"{err}\n{n} problem{'s' if n != 1 else ''} in {file}; nothing was changed.")
@@ -165,7 +176,7 @@ def register(app: typer.Typer) -> None:
         root: PlanRootOption = None,
     ) -> None:
         """Validate an experiment file and list the runs it expands to."""
-        runs = load_or_exit(file, force=force)
+        runs = load_or_exit(file, force=force, for_the_engine=True)
         report = check_tasks(file, runs, quiet=as_json) if check else None
         standing = in_root(root, runs) if root is not None else None
         if as_json:

@@ -10,8 +10,9 @@ task keys imports the task factory's module (and whatever that imports).
     sobol.py     Sobol points in pure Python (Joe-Kuo directions), scrambled with a seed
     search.py    [experiments.NAME.search]: checked, its trials' values, its rungs
     validate.py  the file's tables checked, every problem collected
-    engine.py    the [engine] table checked (local, ray and slurm keys)
+    engine_table.py  the [engine] table checked (local, ray and slurm keys)
     expand.py    an experiment -> its runs
+    devices.py   each run's devices: divides accumulate, suits the backend, fits [engine]
     load.py      a file -> its runs and [engine] table (read once)
     derive.py    a run with keys changed (a clone), checked like a file
 

@@ -7,10 +7,12 @@ import os
 import re
 import stat
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gridrun.spec.devices import check_devices
 from gridrun.spec.engine_table import engine_config
 from gridrun.spec.errors import LineIndex, Problem, SpecError
 from gridrun.spec.expand import count_runs, expand
@@ -124,33 +126,6 @@ def _engine(c: Checker, data: dict[str, Any]) -> EngineConfig | None:
     return engine_config(data["engine"], c) if "engine" in data else None
 
 
-def _devices_line(c: Checker, exp: str) -> int | None:
-    """Where an experiment's `devices` is set: its own table, its grid, zip or defaults."""
-    for path in (("experiments", exp, "devices"), ("experiments", exp, "grid", "devices"),
-                 ("experiments", exp, "zip", "devices"), ("defaults", "devices")):
-        if path in c.lines.lines:
-            return c.lines.lines[path]
-    return c.lines.find("experiments", exp)
-
-
-def _check_devices(c: Checker, exp: str, runs: list[RunSpec], engine: EngineConfig | None) -> None:
-    """A world size deals a step's micro-batches to its ranks: it must divide them."""
-    for run in runs:
-        devices, accumulate = run.trainer.get("devices", 1), run.trainer.get("accumulate", 1)
-        if devices > 1 and engine is not None and engine.backend == "ray":
-            c.add(f"devices = {devices}: the Ray backend runs one process per run; use backend "
-                  "= \"local\" or \"slurm\" for multi-device runs", experiment=exp, key="devices",
-                  line=_devices_line(c, exp))
-            return
-        if accumulate % devices:
-            fits = [d for d in range(1, accumulate + 1) if accumulate % d == 0]
-            cell = run.variant or "baseline"
-            c.add(f"devices = {devices} does not divide accumulate = {accumulate} ({cell}): each device takes an equal share of a step's micro-batches; "
-                  f"use devices in {fits} or accumulate a multiple of {devices}",
-                  experiment=exp, key="devices", line=_devices_line(c, exp))
-            return
-
-
 def _why_same(a: RunSpec, b: RunSpec) -> str:
     """Why two cells that differ are one run: the keys they differ in are not in the run id."""
     keys = [k for k in dict.fromkeys([*a.trainer, *b.trainer]) if a.trainer.get(k) != b.trainer.get(k)]
@@ -163,12 +138,12 @@ def _why_same(a: RunSpec, b: RunSpec) -> str:
     return why + ")"
 
 
-def _expand_all(c: Checker, experiments: list[ExperimentSpec],
-                engine: EngineConfig | None = None) -> list[RunSpec]:
-    runs = []
+def _expand_all(c: Checker, experiments: list[ExperimentSpec]
+                ) -> list[tuple[ExperimentSpec, list[RunSpec]]]:
+    expanded = []
     for exp in experiments:
         exp_runs = expand(exp)
-        _check_devices(c, exp.name, exp_runs, engine)
+        expanded.append((exp, exp_runs))
         seen: dict[str, RunSpec] = {}
         for run in exp_runs:
             if run.id in seen:
@@ -177,16 +152,19 @@ def _expand_all(c: Checker, experiments: list[ExperimentSpec],
                       + _why_same(seen[run.id], run), "experiments", exp.name, experiment=exp.name)
                 break
             seen[run.id] = run
-        runs.extend(exp_runs)
-    return runs
+    return expanded
 
 
-def load(path: str | Path, *, force: bool = False, cap: int = DEFAULT_CAP) -> Loaded:
+def load(path: str | Path, *, force: bool = False, cap: int = DEFAULT_CAP,
+         gpus_here: Callable[[], int] | None = None) -> Loaded:
     """Read, validate and expand an experiment file: its runs and its `[engine]` table.
 
     The run count is checked before anything is built: from the raw axis lengths
     before validation imports the task (a refusal costs milliseconds, whatever
-    the product), and again from the validated experiments before expanding."""
+    the product), and again from the validated experiments before expanding.
+    With `gpus_here` (the most GPUs an engine started on this machine could take,
+    asked only where the file's [engine] leaves it to them), a run whose `devices` can
+    never fit that table is refused too (spec/devices.py): for the commands that queue."""
     data, c = read(path)
     experiments = check_experiments(c, data, cap=cap, force=force)
     if experiments is None:  # refused for its size, alone
@@ -197,15 +175,19 @@ def load(path: str | Path, *, force: bool = False, cap: int = DEFAULT_CAP) -> Lo
     check_size(c, {exp.name: count_runs(exp) for exp in experiments}, cap=cap, force=force)
     if c.problems:
         raise SpecError(c.problems)
-    runs = _expand_all(c, experiments, engine)
+    expanded = _expand_all(c, experiments)
+    gpus_written = isinstance(data.get("engine"), dict) and "gpus" in data["engine"]
+    check_devices(c, expanded, engine, gpus_written=gpus_written, gpus_here=gpus_here)
     if c.problems:
-        raise SpecError(c.problems)
-    return Loaded(runs, engine)
+        raise SpecError(c.unique())  # a value in [defaults] is found by every experiment
+    return Loaded([run for _, runs in expanded for run in runs], engine)
 
 
-def load_runs(path: str | Path, *, force: bool = False, cap: int = DEFAULT_CAP) -> list[RunSpec]:
-    """Parse, validate and expand an experiment file. Raises SpecError with every problem."""
-    return load(path, force=force, cap=cap).runs
+def load_runs(path: str | Path, *, force: bool = False, cap: int = DEFAULT_CAP,
+              gpus_here: Callable[[], int] | None = None) -> list[RunSpec]:
+    """Parse, validate and expand an experiment file (`gpus_here`: as `load`). Raises
+    SpecError with every problem."""
+    return load(path, force=force, cap=cap, gpus_here=gpus_here).runs
 
 
 def load_experiments(path: str | Path) -> list[ExperimentSpec]:
