@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 
+import patience
 import pytest
 
 pytest.importorskip("mlflow", reason="needs the mlflow package (pip install 'gridrun[mlflow]')")
@@ -33,8 +34,9 @@ from gridrun.runs.store import Store
 from gridrun.spec import EngineConfig
 
 SLOTS = EngineConfig(cpu_slots=2)
-# a server, four mirrors and three queues: minutes on a loaded machine, never a race
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# a server, four mirrors and three queues: minutes on a loaded machine, so no timeout of
+# its own (pytest-timeout's global hour guards a hang); the waits count quiet seconds
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +84,8 @@ def finished(root, count: int) -> bool:
 
 
 def gridrun(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gridrun", *args], capture_output=True,
-                          text=True, timeout=300)
+    return patience.run([sys.executable, "-m", "gridrun", *args], capture_output=True,
+                        text=True, timeout=300)
 
 
 def catch_up(client, root, rows, mirror) -> None:
