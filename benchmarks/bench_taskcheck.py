@@ -8,7 +8,10 @@ the example experiments.toml and of each built-in task at its default keys,
 first cold (the first check in the process, as a user's command pays it) and
 then the median of `--repeat` warm repetitions. Baseline, measured beside it:
 calling the task's factory alone (building the model and the data), the part
-no check can avoid. The target: under a second per built-in task.
+no check can avoid; each check is printed as a ratio to it. The target: under a
+second per task configuration, cold, for the example and each built-in task (a
+test asserted it until it failed beside other work, issue 44: a time is measured
+here, with the load average beside it, never asserted in tests/).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TARGET_S = 1.0  # a task configuration's check, cold
 
 
 def main() -> None:
@@ -64,11 +68,17 @@ def main() -> None:
                 builds.append(time.perf_counter() - start)
             keys = " ".join(f"{k}={v}" for k, v in config.task_args.items()
                             if k in ("hidden", "channels", "dim"))
-            print(f"{label:<17} {config.task:<8} {keys:<12} cold {config.seconds * 1e3:7.1f} ms   "
-                  f"warm {statistics.median(w.configs[i].seconds for w in warm) * 1e3:7.1f} ms   "
-                  f"(factory alone {statistics.median(builds) * 1e3:6.1f} ms)")
+            factory = statistics.median(builds)
+            warm_s = statistics.median(w.configs[i].seconds for w in warm)
+            print(f"{label:<17} {config.task:<8} {keys:<12} cold {config.seconds * 1e3:7.1f} ms "
+                  f"= {config.seconds / factory:5.1f}x   warm {warm_s * 1e3:7.1f} ms "
+                  f"= {warm_s / factory:5.1f}x   the factory alone ({factory * 1e3:6.1f} ms)")
+        slowest = max(c.seconds for c in cold.configs)
         print(f"{label:<17} total, {len(cold.configs)} configuration(s): cold {cold.seconds:.3f} s, "
-              f"warm {statistics.median(w.seconds for w in warm):.3f} s (torch import excluded)")
+              f"warm {statistics.median(w.seconds for w in warm):.3f} s (torch import excluded); "
+              f"slowest cold {slowest * 1e3:.0f} ms: {'under' if slowest < TARGET_S else 'OVER'} "
+              f"the {TARGET_S:g} s target")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":
