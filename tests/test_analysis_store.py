@@ -202,16 +202,26 @@ def test_the_compare_screen_refresh_reads_only_what_changed(tmp_path, counted_re
     assert sorted(r[seeds] for r in after.rows) == ["3", "4"]
 
 
-def test_compare_screen_refresh_with_nothing_changed_is_cheap(tmp_path):
-    """The bound the benchmark measures on a 10,000-run root, here on a small one:
-    a refresh with nothing changed is a query and a few stats."""
+def test_compare_screen_refresh_with_nothing_changed_is_cheap(tmp_path, counted_reads, monkeypatch):
+    """A refresh with nothing changed is a query and a few stats: no file read, no table
+    made, the same Table. (What that costs on a 10,000-run root is benchmarks/
+    bench_analysis.py's figure; a time asserted here fails beside other work, issue 44.)"""
     root = to_store(build_abl(build_grid(tmp_path)))
     src = StoreSource(root)
-    src.compare("abl")
-    t0 = time.perf_counter()
-    for _ in range(100):
-        src.compare("abl")
-    assert (time.perf_counter() - t0) / 100 < 0.005
+    first = src.compare("abl")
+    made = []
+
+    def counted(name, function):
+        def spy(*args, **kwargs):
+            made.append(name)
+            return function(*args, **kwargs)
+        return spy
+
+    monkeypatch.setattr(analysis, "ablation", counted("ablation", analysis.ablation))
+    monkeypatch.setattr(tables, "table_cells", counted("table_cells", tables.table_cells))
+    counted_reads.clear()
+    assert all(src.compare("abl") is first for _ in range(100))
+    assert counted_reads == [] and made == []
 
 
 def test_compare_while_running_groups_by_the_matrix_axes_only(tmp_path):
