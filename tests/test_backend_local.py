@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 
 import pytest
 import torch
@@ -93,10 +92,11 @@ def test_cancel_checkpoints_then_a_stuck_run_is_killed(make_backend, tmp_path):
     stuck = slow_run(seed=1, sleep=30.0)  # one step outlasts the grace period
     handle = backend.launch(stuck.id, prepare(tmp_path, stuck), Slot("cpu0"))
     wait_for(lambda: catches_sigterm(handle.pid))  # the worker's handler is in place
-    t0 = time.monotonic()
     backend.cancel(handle, grace=0.3)
     [event] = wait_exit(backend)
-    assert event.code == -9 and time.monotonic() - t0 < 10
+    # killed, not ended by its own SIGTERM handler after its 30 s step (that exit code is
+    # INTERRUPTED): only the grace's end sends SIGKILL. No seconds asserted (issue 44)
+    assert event.code == -9
 
 
 def test_reattach_after_the_engine_restarts(make_backend, tmp_path):

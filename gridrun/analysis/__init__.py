@@ -14,6 +14,7 @@
     tensorboard     runs' scalars as TensorBoard event files
     mlflow_records  what a run becomes in MLflow, and the mirror's cursor
     mlflow_mirror   `gridrun mirror mlflow`: the change feed sent with MLflow's client
+    mlflow_client   that client, made with a short timeout, and what its failures mean
 
 Imports `gridrun.runs` and `gridrun.spec`; nothing here imports torch.
 """

@@ -63,6 +63,7 @@ def mlflow(
     root), and what MLflow holds wins over it. With --follow, a server that is down is
     said in one line and tried again with a backoff; runs never wait for it.
     """
+    from gridrun.analysis import mlflow_client as mc
     from gridrun.analysis import mlflow_mirror as mm
     from gridrun.analysis import mlflow_records as mr
     from gridrun.runs.layout import DB_NAME, UnsafePath
@@ -78,11 +79,11 @@ def mlflow(
         if follow and not (root / DB_NAME).is_file():
             fail(f"{root} has no store yet: queue runs first (gridrun queue), then mirror them")
         try:
-            client = mm.client_for(uri)
-        except mm.MLflowMissing as e:
+            client = mc.client_for(uri)
+        except mc.MLflowMissing as e:
             fail(str(e))
         except Exception as e:  # a URI MLflow does not take
-            fail(f"cannot use the tracking URI {uri}: {mm.reason(e)}")
+            fail(f"cannot use the tracking URI {uri}: {mc.reason(e)}")
         try:
             cursor, note = mr.Cursor.load(root, uri)
         except UnsafePath as e:
@@ -95,7 +96,7 @@ def mlflow(
             try:
                 mirror.step()
             except Exception as e:
-                fail(f"could not send to {uri}: {mm.reason(e)}; {mm.waits(mirror.waiting())}; "
+                fail(f"could not send to {uri}: {mc.reason(e)}; {mm.waits(mirror.waiting())}; "
                      "what was sent stays (run it again to send the rest)", 1)
             runs = mirror.mirrored()
             typer.echo(f"mirrored {runs} run{'s' * (runs != 1)} to {uri}: {mirror.created} new, "
