@@ -23,7 +23,6 @@ the server refuses (a 4xx answer) is said once and left until it changes.
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from collections.abc import Callable
