@@ -15,6 +15,7 @@ from gridrun.engine.backends.slots import fits
 from gridrun.engine.scheduler import CPU_CAP
 from gridrun.runs import states
 from gridrun.runs.store import Store
+from gridrun.train.threads import usable_cores
 
 
 def test_fits_never_more_threads_than_cores_but_a_big_run_alone():
@@ -23,25 +24,26 @@ def test_fits_never_more_threads_than_cores_but_a_big_run_alone():
     assert fits([], 8, 2)  # more than the machine has: alone
 
 
-def test_auto_threads_run_one_at_a_time_on_two_cores_and_threads_1_fill_the_slots(tmp_path, backend):
-    auto = [slow_run(seed=s, sleep=0.05, epochs=2) for s in range(2)]
-    ones = [slow_run(seed=s, sleep=0.05, epochs=2, threads=1) for s in range(2, 4)]
+def test_auto_threads_fill_the_slots_and_runs_on_every_core_take_turns(tmp_path, backend):
+    autos = [slow_run(seed=s, sleep=0.05, epochs=2) for s in range(2)]
+    wide = [slow_run(seed=s, sleep=0.05, epochs=2, threads=2) for s in range(2, 4)]
     with Store(tmp_path) as store:
-        store.enqueue(auto)
+        store.enqueue(autos)
         engine = engine_for(tmp_path, backend, slots=2, cores=2)
         engine.start()
         engine.step(0.01)
-        assert [r.id for r in store.list_runs(status=states.RUNNING)] == [auto[0].id]
-        assert store.get_state(CPU_CAP) == {"run_id": auto[1].id, "threads": 2, "holding": 2,
+        # "auto" is one thread a CPU run: two slots on two cores are two runs at once
+        assert {r.id for r in store.list_runs(status=states.RUNNING)} == {r.id for r in autos}
+        drain(engine)
+        store.enqueue(wide)
+        engine.step(0.01)
+        assert [r.id for r in store.list_runs(status=states.RUNNING)] == [wide[0].id]
+        assert store.get_state(CPU_CAP) == {"run_id": wide[1].id, "threads": 2, "holding": 2,
                                             "cores": 2, "cpu_slots": 2}
         drain(engine)
         assert store.get_state(CPU_CAP) is None
-        first, second = (store.get_run(r.id) for r in auto)
+        first, second = (store.get_run(r.id) for r in wide)
         assert second.started_at >= first.ended_at  # never side by side
-        store.enqueue(ones)
-        engine.step(0.01)
-        assert {r.id for r in store.list_runs(status=states.RUNNING)} == {r.id for r in ones}
-        drain(engine)
         assert {r.status for r in store.list_runs()} == {states.COMPLETED}
 
 
@@ -60,7 +62,8 @@ def test_cpu_slots_1_and_2_give_a_cell_the_same_bits(tmp_path, backend):
 
 def test_engine_status_says_when_threads_hold_runs_back(tmp_path):
     root = tmp_path / "runs"
-    runs = [slow_run(seed=s, sleep=0.2, epochs=2) for s in range(3)]
+    wide = usable_cores() + 1  # more than this machine has: each runs alone
+    runs = [slow_run(seed=s, sleep=0.2, epochs=2, threads=wide) for s in range(3)]
     with Store(root) as store:
         store.enqueue(runs)
     daemon.start(root)
@@ -69,9 +72,9 @@ def test_engine_status_says_when_threads_hold_runs_back(tmp_path):
             wait_for(lambda: store.get_state(CPU_CAP), timeout=60)
         result = CliRunner().invoke(app, ["engine", "status", "--root", str(root)])
         assert "threads cap CPU runs at" in result.stdout, result.output
-        # "auto" is every usable core: one run at a time, whatever the machine
-        assert "at 1 at once (cpu_slots = 2 is an upper bound; threads = 1 in the file runs 2 " \
-            "at once)" in result.stdout
+        # a run asking for more than the machine's cores runs alone, whatever the machine
+        assert 'at 1 at once (cpu_slots = 2 is an upper bound; the default threads = "auto", ' \
+            "one a run, runs 2 at once)" in result.stdout
     finally:
         with contextlib.suppress(RuntimeError):
             daemon.stop(root, timeout=120)

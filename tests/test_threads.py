@@ -1,6 +1,7 @@
-"""A run's CPU threads: resolved from the machine alone (its affinity mask), never from
-an ambient OMP_NUM_THREADS, the slots or the queue; set before anything computes;
-recorded with the CPU facts that decide its bits; replayed by `verify`."""
+"""A run's CPU threads: "auto" is one a CPU process on any machine (a GPU run's from
+the affinity mask), never an ambient OMP_NUM_THREADS, the slots or the queue; set
+before anything computes; recorded with the CPU facts that decide its bits; kept
+when the run resumes; replayed by `verify`."""
 
 from __future__ import annotations
 
@@ -39,11 +40,12 @@ def threads_put_back():
     threads.restore(before)
 
 
-def test_auto_comes_from_the_affinity_mask_never_the_environment(monkeypatch):
+def test_auto_is_one_on_the_cpu_and_a_gpu_runs_comes_from_the_affinity_mask(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert threads.usable_cores() == 3
-    assert threads.resolve("auto", gpu=False) == 3
+    assert threads.resolve("auto", gpu=False) == 1  # whatever the machine
+    assert threads.resolve("auto", gpu=False, cores=32) == 1
     assert threads.resolve("auto", gpu=True) == 3  # min(4, cores)
     assert threads.resolve("auto", gpu=True, cores=32) == threads.GPU_THREADS == 4
     assert threads.resolve(1, gpu=False) == 1 and threads.resolve(8, gpu=True) == 8
@@ -79,7 +81,7 @@ def summary_of(root: Path) -> dict:
 
 @MULTICORE
 def test_the_runs_own_threads_win_over_OMP_NUM_THREADS_and_verify_passes_under_both(tmp_path):
-    (tmp_path / "e.toml").write_text(CELL)
+    (tmp_path / "e.toml").write_text(CELL + "threads = 2\n")
     env_one = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     plain: dict[str, str] = {}
     outcomes = {}
@@ -92,7 +94,7 @@ def test_the_runs_own_threads_win_over_OMP_NUM_THREADS_and_verify_passes_under_b
     cores = threads.usable_cores()
     for summary in (default, omp1):
         env = summary["environment"]
-        assert env["threads"] == cores and env["cores"] == cores
+        assert env["threads"] == 2 and env["cores"] == cores
         assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
         assert env["blas"] and "cpu" in env and "onednn" in env
     for name, env in (("default", env_one), ("omp1", plain)):
@@ -101,13 +103,27 @@ def test_the_runs_own_threads_win_over_OMP_NUM_THREADS_and_verify_passes_under_b
         assert "bitwise identical" in checked.stdout
 
 
+def test_auto_on_the_cpu_is_one_thread_whatever_omp_num_threads_says(tmp_path):
+    (tmp_path / "e.toml").write_text(CELL)
+    done = gridrun("train", "e.toml", "--root", "r", cwd=tmp_path,
+                   env={"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    recorded = summary_of(tmp_path / "r")
+    assert recorded["environment"]["threads"] == 1
+    assert [a["threads"] for a in recorded["attempts"]] == [1]
+
+
 @MULTICORE
 def test_verify_replays_with_the_recorded_threads_on_a_machine_with_fewer_cores(tmp_path):
-    (tmp_path / "e.toml").write_text(CELL)
+    (tmp_path / "e.toml").write_text(CELL + "threads = 2\n")
     assert gridrun("train", "e.toml", "--root", "r", cwd=tmp_path).returncode == 0
     recorded = summary_of(tmp_path / "r")
-    assert recorded["environment"]["threads"] == threads.usable_cores()
-    # one core: "auto" would be 1 thread here, and the bits would differ
+    assert recorded["environment"]["threads"] == 2
+    # as a run of an older version recorded it: "auto", its threads resolved then (2);
+    # "auto" is 1 thread now, and 1 core here: the replay must still compute with 2
+    (run_dir,) = (tmp_path / "r" / "cell").iterdir()
+    config = run_dir / layout.CONFIG
+    config.write_text(config.read_text().replace("threads = 2", 'threads = "auto"'))
     checked = gridrun("verify", recorded["run_id"], "--root", "r", cwd=tmp_path, affinity={0})
     assert checked.returncode == 0, checked.stdout + checked.stderr
     (run_dir,) = (tmp_path / "r" / "cell").iterdir()

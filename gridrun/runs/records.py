@@ -305,6 +305,10 @@ class Summary:
     divergence: dict[str, Any] | None = None  # where a diverged run broke (diverge.py)
     randomness: dict[str, Any] | None = None  # each source's seed, separate streams, switches off
     warnings: list[str] = field(default_factory=list)
+    # each start of the training loop since step 0 and the fields deciding its bits (train/loop/attempts.py)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    # {field, from, to, step}: a resume that could not keep one of them
+    environment_changes: list[dict[str, Any]] = field(default_factory=list)
     provenance: dict[str, Any] | None = None  # git commit, dirty flag (older summaries)
 
     @property
@@ -352,5 +356,6 @@ _BY_TYPE: dict[str, Any] = {
     "dict[str, str]": _directions,
     "dict[str, float | None]": _values,
     "list[str]": _strings,
+    "list[dict[str, Any]]": lambda v: [x for x in v if isinstance(x, dict)] if isinstance(v, list) else None,
 }
 _CLEANERS = {f.name: _BY_TYPE[f.type] for f in fields(Summary)}

@@ -1,16 +1,21 @@
-"""How many CPU threads a run computes with: resolved from the machine alone, set
-before anything computes, recorded with the run.
+"""How many CPU threads a run computes with: decided before anything computes,
+recorded with the run, kept when it resumes.
 
 On the CPU the thread count decides how a matmul or a convolution splits its
 sums, so it decides the bits of the result: the same cell with 1 thread and
-with 2 ends with other weights. A run's `threads` key is therefore resolved
-once, from this process's own affinity mask (the cores it may use) and never
-from the number of slots, the queue or an ambient OMP_NUM_THREADS, so a cell
-gives the same bits alone, in a 1-slot or an 8-slot engine, or under `gridrun
-train`. GPU runs get a fixed small count (their heavy work is on the device;
-the CPU side is the loop, collation and copies), so that several runs on one
-machine do not fight over its cores. The engine uses the same resolution to
-never start more CPU runs than the cores hold (engine/scheduler.py).
+with 2 ends with other weights. `threads = "auto"` is therefore a number that
+depends on nothing around the run: one thread for each CPU process, on any
+machine, in a 1-slot or an 8-slot engine, alone or as one of a run's several
+devices (so `reduce = "invariant"` gives the same bits on any device count
+under the defaults), and never an ambient OMP_NUM_THREADS. One thread a
+process is also what fills a machine best with a grid's small runs side by
+side (benchmarks/bench_threads.py); a single big CPU run sets `threads = N`.
+GPU runs get a fixed small count (their heavy work is on the device; the CPU
+side is the loop, collation and copies): min(GPU_THREADS, usable cores), the
+usable cores shared between the ranks of a "ddp" run. A resumed run computes
+with the threads its checkpoint was trained with (train/loop/attempts.py). The
+engine resolves the same way to never start more CPU runs than the cores hold
+(engine/scheduler.py).
 
 No torch at import: the engine and the commands resolve without it.
 """
@@ -24,6 +29,7 @@ from typing import Any
 from gridrun.spec.keys import GPU_THREADS  # "auto" for a GPU run: min(this, usable cores)
 
 AUTO = "auto"
+CPU_AUTO = 1  # "auto" on the CPU: one thread a process, whatever the machine or device count
 ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what child processes (DataLoader workers) read
 
 
@@ -37,12 +43,11 @@ def usable_cores() -> int:
 
 
 def resolve(value: Any, *, gpu: bool, cores: int | None = None) -> int:
-    """The threads a run with `threads = value` computes with: the number itself,
-    or for "auto" the usable cores (a CPU run) or min(GPU_THREADS, usable cores)
-    (a GPU run). `cores` stands in for this machine's usable cores."""
+    """The threads a process of a run with `threads = value` computes with: the number
+    itself, or for "auto" 1 (a CPU run) or min(GPU_THREADS, usable cores) (a GPU run).
+    `cores` stands in for this machine's usable cores (a "ddp" rank's share of them)."""
     if value is None or value == AUTO:
-        cores = cores or usable_cores()
-        return min(GPU_THREADS, cores) if gpu else cores
+        return min(GPU_THREADS, cores or usable_cores()) if gpu else CPU_AUTO
     return max(1, int(value))
 
 

@@ -87,5 +87,6 @@ def thread_cap_note(cap: Mapping[str, Any]) -> str:
     text = (f"cpu: the next run takes {need} thread{'s' * (need != 1)} and {cap.get('holding')} of "
             f"{cores} usable cores are taken: threads cap CPU runs at {at_once} at once")
     if isinstance(slots, int) and at_once < slots:
-        text += f" (cpu_slots = {slots} is an upper bound; threads = 1 in the file runs {slots} at once)"
+        text += (f" (cpu_slots = {slots} is an upper bound; the default threads = \"auto\", one a "
+                 f"run, runs {slots} at once)")
     return text

@@ -79,14 +79,11 @@ class Setup:
 
 
 def build(run: RunSpec, device: torch.device, summary: dict[str, Any], probe: Probe,
-          warn: Callable[[str], None], world: World = SINGLE) -> Setup:
-    """Seed, then build `run` on `device`; `probe` sees the model before anything wraps it."""
+          warn: Callable[[str], None], world: World = SINGLE, cpu_threads: int = 1) -> Setup:
+    """Seed, then build `run` on `device` computing with `cpu_threads` (train/loop/attempts.py
+    decides them); `probe` sees the model before anything wraps it."""
     cfg = run.trainer
-    # before anything computes: the run's own thread count decides its CPU bits; "auto"
-    # on several CPU devices shares the usable cores between their processes
-    cores = max(1, threads.usable_cores() // world.size) if world.size > 1 else None
-    threads.apply(threads.resolve(cfg.get("threads", threads.AUTO), gpu=device.type == "cuda",
-                                  cores=cores))
+    threads.apply(cpu_threads)  # before anything computes: the thread count decides CPU bits
     summary["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     if device.type == "cpu" and environment.gpus_given() is not None:  # only as stand-ins
         warn(f"CUDA_VISIBLE_DEVICES={environment.gpus_given()} are stand-ins "

@@ -108,6 +108,22 @@ class Combiner:
         self.trained: list[bool] = []  # which tapped BatchNorms trained (the same every rank)
         self.stats: list[torch.Tensor] = []
 
+    @classmethod
+    def of(cls, setup: Any) -> Combiner | None:
+        """The combiner a run's steps need (several devices, or the invariant sum on one);
+        None for the plain loop. `setup`: the loop's build.Setup."""
+        world = setup.world
+        if world.size == 1 and not world.invariant:
+            return None
+        return cls(setup.model, world, setup.accumulate, setup.seeds["model"], setup.device)
+
+    def end_step(self, state: Any, stop: bool) -> bool:
+        """The step's losses appended to `state.pending` (a TrainState) on every rank, in
+        micro-batch order; returns whether any rank asked to stop."""
+        losses, asked = self.finish(stop)
+        state.pending.extend(losses)
+        return asked
+
     @property
     def last_local(self) -> bool:
         """Whether the micro-batch about to train is this rank's last of the step (DDP
@@ -206,3 +222,14 @@ def agree(world: World, value: int, what: str, device: torch.device) -> None:
     values = [int(r[0, 0]) for r in rows]
     if len(set(values)) > 1:
         raise RuntimeError(f"the ranks disagree on {what}: {values}")
+
+
+def in_rank_order(world: World, device: torch.device, first: Any) -> Any:
+    """`first()` on rank 0, then on the others: rank 0 sets damaged checkpoints aside
+    and removes killed writes before any other rank reads."""
+    if not world.leader:
+        agree(world, 0, "the start", device)
+    out = first()
+    if world.leader:
+        agree(world, 0, "the start", device)
+    return out

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from gridrun.runs import layout, records
+from gridrun.runs import records
 from gridrun.runs.runlog import MetricsWriter
 from gridrun.train import checkpoint
 from gridrun.train.loop.build import Setup
@@ -63,6 +63,8 @@ class TrainState:
             "pending_losses": torch.stack(self.pending).detach() if self.pending else torch.zeros(0),
             "rng": rng_state(), "metrics_offset": metrics_offset,
             "final": summary["final"], "train_loss": summary["train_loss"],
+            # what decided the bits of this state, attempt by attempt (train/loop/attempts.py)
+            "attempts": summary.get("attempts") or [],
         }
 
 
@@ -95,24 +97,28 @@ def read_pending(setup: Setup, state: TrainState, weights: bool = False,
     return values, None if weights_ok else state.step, extras
 
 
-def resume(setup: Setup, run_dir: Path, writer: MetricsWriter, *, fresh: bool,
-           summary: dict[str, Any], warn: Callable[[str], None],
-           log: Callable[[str], None]) -> TrainState:
-    """The state to train from: the last usable checkpoint's, loaded into the setup's
-    model, optimizer, scaler and the RNGs; else step 0 and a new metrics log. A rank
-    other than 0 only reads, after rank 0 has cleaned up (the trainer's order)."""
-    folder = run_dir / layout.CHECKPOINTS
-    leader = setup.world.leader
+def load_earlier(folder: Path, device: torch.device, *, leader: bool, fresh: bool,
+                 warn: Callable[[str], None]) -> dict[str, Any] | None:
+    """The last usable checkpoint in `folder` to go on from, or None (start at step 0).
+    Rank 0 alone removes what a killed write left and sets damaged files aside; the
+    other ranks call this after it (the trainer's order) and only read."""
     if leader:
         checkpoint.remove_temporaries(folder)  # writes a kill cut short
     if fresh and leader:
         checkpoint.discard(folder)
     saved, problems = (None, []) if fresh and not leader else checkpoint.load_resumable(
-        folder, setup.device, RESUME_KEYS)
+        folder, device, RESUME_KEYS)
     for problem in problems:
         warn(problem)
     if problems and saved is None:
         warn("no checkpoint could be loaded: starting over from step 0")
+    return saved
+
+
+def resume(setup: Setup, saved: dict[str, Any] | None, writer: MetricsWriter, *,
+           summary: dict[str, Any], log: Callable[[str], None]) -> TrainState:
+    """The state to train from: `saved` (load_earlier's) loaded into the setup's model,
+    optimizer, scaler and the RNGs; else step 0 and a new metrics log."""
     if saved is None:
         writer.truncate(0)
         # readers (the interface's progress bar) learn the length before the first log point

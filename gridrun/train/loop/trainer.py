@@ -21,18 +21,19 @@ from typing import Any
 import torch
 
 from gridrun import randomness
-from gridrun.runs import layout, records, states
+from gridrun.runs import layout, records, runlog, states
 from gridrun.runs.runlog import MetricsWriter, NullWriter
 from gridrun.spec import RunSpec
 from gridrun.train import checkpoint, environment
 from gridrun.train.data import to_device
 from gridrun.train.diagnostics import peak_reserved, unused_warning
-from gridrun.train.loop.build import build, resolve_precision, training_loader
-from gridrun.train.loop.combine import Combiner, agree
+from gridrun.train.loop import attempts
+from gridrun.train.loop.build import Setup, build, resolve_precision, training_loader
+from gridrun.train.loop.combine import Combiner, agree, in_rank_order
 from gridrun.train.loop.memory import MemoryBudget, budget_from_env
 from gridrun.train.loop.meter import Meter
 from gridrun.train.loop.probe import Probe
-from gridrun.train.loop.state import RESUME_KEYS, Checkpointer, TrainState, resume
+from gridrun.train.loop.state import RESUME_KEYS, Checkpointer, TrainState, load_earlier, resume
 from gridrun.train.loop.step import forward_backward, micro_batches, step_once
 from gridrun.train.loop.validate import Validator, evaluate
 from gridrun.train.world import SINGLE, World, collective_failed, peer_gone
@@ -57,10 +58,8 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
           probe: Probe | None = None, world: World = SINGLE) -> dict[str, Any]:
     """Train one run to the end (or to a stop request); returns its summary. With several
     devices, every rank runs this loop in lock step and rank 0 alone writes."""
-    probe = probe or Probe()
-    run_dir = Path(run_dir)
-    if world.size == 1:  # one device: still the invariant loop when the run asks for it
-        world = World(reduce=run.trainer.get("reduce", world.reduce))
+    probe, run_dir = probe or Probe(), Path(run_dir)
+    world = world if world.size > 1 else World(reduce=run.trainer.get("reduce", world.reduce))
     started = time.time()
     summary = new_summary(run, started)  # filled in as we go: a run that fails says how far it got
 
@@ -72,81 +71,28 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
     budget = MemoryBudget()  # none until the device is known
     switched_off = randomness.switched_off()  # the run sets its own; put back at its end
     try:
-        # ---- seed and build
-        device = environment.pick_device()  # a GPU it was given and cannot use: fail, never the CPU
-        if device.type == "cuda" and world.size > 1:
-            device = torch.device("cuda", world.rank)  # rank r: the r-th GPU it was given
-            torch.cuda.set_device(device)
+        # ---- the device, the checkpoint to go on from, and the threads it was trained with
+        device = rank_device(world)  # a GPU it was given and cannot use: fail, never the CPU
         budget = MemoryBudget.from_env(device)  # the engine's share of a GPU it packs runs on
         budget.apply(log)  # before the model is on the device
-        setup = build(run, device, summary, probe, warn, world)
-
-        # ---- resume (rank 0 first: it sets damaged files aside, the others then read)
         layout.make_private_dir(run_dir)
-        writer = MetricsWriter(run_dir / layout.METRICS) if world.leader else NullWriter()
-        if not world.leader:
-            agree(world, 0, "the start", device)
-        state = resume(setup, run_dir, writer, fresh=fresh, summary=summary, warn=warn, log=log)
-        if world.leader:
-            agree(world, 0, "the start", device)
-        agree(world, state.step, "the step they resume from", device)
-        checkpointer = Checkpointer(setup, run_dir / layout.CHECKPOINTS, writer, summary)
-        validator = Validator(setup, writer, summary, log, checkpointer)
+        saved = in_rank_order(world, device, lambda: load_earlier(
+            run_dir / layout.CHECKPOINTS, device, leader=world.leader, fresh=fresh, warn=warn))
+        attempt = attempts.begin(run, world, device.type, str(torch.__version__), saved,
+                                 legacy_threads(run_dir, saved))
 
-        # ---- the loop
-        setup.model.train()
-        status = states.COMPLETED
+        # ---- seed and build, then resume
+        setup = build(run, device, summary, probe, warn, world, attempt.threads)
+        writer = MetricsWriter(run_dir / layout.METRICS) if world.leader else NullWriter()
+        state = resume(setup, saved, writer, summary=summary, log=log)
+        attempts.record_into(summary, attempt, warn)
+        agree(world, state.step, "the step they resume from", device)
+
+        # ---- the steps
         log(f"run {run.id} {run.experiment} {run.variant or ''} seed {run.seed}: {setup.total} steps "
             f"on {summary['device']} ({setup.precision})")
-        loader = training_loader(setup)
-        meter = Meter(setup, state, writer, summary, log, budget)
-        pause = run.pause_at if run.pause_at and run.pause_at < run.trainer["epochs"] else None
-        if pause and state.epoch >= pause:  # resumed where it waits: nothing to train yet
-            status = waiting(pause, log)
-        batches = micro_batches(loader, setup, state) if status != states.WAITING else ()
-        combiner = (Combiner(setup.model, world, setup.accumulate, setup.seeds["model"], device)
-                    if world.size > 1 or world.invariant else None)
-        stop_asked = False
-        for micro, batch in enumerate(batches, start=1):
-            meter.count(batch)
-            forward_backward(setup, state, to_device(batch, device, non_blocking=loader.pin_memory),
-                             probe, combiner)
-            if micro % setup.local_accumulate:
-                continue
-            if combiner is not None:  # every rank learns the step's losses and any stop asked
-                losses, stop_asked = combiner.finish(should_stop())
-                state.pending.extend(losses)
-            if (unused := setup.diagnostics.unused()):
-                summary["unused_parameters"] = unused
-                warn(unused_warning(unused))
-            log_now = meter.due(state)
-            lr = step_once(setup, state, measure_norm=log_now)
-            # before any line is written: a line's epoch is the epochs completed
-            epoch_ended = state.end_epoch_if_done(setup)
-            if log_now and (bad_step := meter.log_point(state, lr)) is not None:
-                status = diverged(summary, bad_step, "non-finite loss", log)
-                break
-            if validator.due(state, epoch_ended):
-                validator.evaluate(state)
-                meter.restart_interval()
-            asked = stop_asked if combiner is not None else should_stop()
-            stopping = asked and state.step < setup.total and not validator.stop
-            # an evaluation gave NaN or Inf: look at the weights now, even with nothing to save
-            bad_step = checkpointer.after_step(state, epoch_ended=epoch_ended,
-                                               stopping=stopping or validator.stop,
-                                               check=validator.nonfinite_step == state.step)
-            if bad_step is not None:  # nothing was saved: the last checkpoint stays the good one
-                status = diverged(summary, bad_step, "non-finite loss or weights", log)
-                break
-            if stopping:
-                status = states.INTERRUPTED
-                log(f"interrupted at step {state.step}: checkpoint saved")
-                break
-            if pause and epoch_ended and state.epoch == pause and not validator.stop:
-                status = waiting(pause, log)  # last.pt was saved at the epoch's end
-                break
-            if state.step >= setup.total or validator.stop:
-                break
+        status, meter, validator = steps(run, setup, state, writer, summary, log, warn, probe,
+                                         budget, should_stop, run_dir)
 
         # ---- the end
         summary.update(status=status, step=state.step, epoch=state.epoch)
@@ -169,6 +115,80 @@ def train(run: RunSpec, run_dir: str | Path, *, fresh: bool = False,
     summary["ended_at"] = time.time()
     summary["wall_time_s"] = summary["ended_at"] - started
     return summary
+
+
+def steps(run: RunSpec, setup: Setup, state: TrainState, writer: MetricsWriter,
+          summary: dict[str, Any], log: Callable[[str], None], warn: Callable[[str], None],
+          probe: Probe, budget: MemoryBudget, should_stop: Callable[[], bool],
+          run_dir: Path) -> tuple[str, Meter, Validator]:
+    """The optimizer steps from `state` to the end, a stop request, a divergence, an early
+    stop or a search's pause; returns the status they end in and the meter and validator
+    that summarize them."""
+    checkpointer = Checkpointer(setup, run_dir / layout.CHECKPOINTS, writer, summary)
+    validator = Validator(setup, writer, summary, log, checkpointer)
+    setup.model.train()
+    status = states.COMPLETED
+    loader = training_loader(setup)
+    meter = Meter(setup, state, writer, summary, log, budget)
+    pause = run.pause_at if run.pause_at and run.pause_at < run.trainer["epochs"] else None
+    if pause and state.epoch >= pause:  # resumed where it waits: nothing to train yet
+        status = waiting(pause, log)
+    batches = micro_batches(loader, setup, state) if status != states.WAITING else ()
+    combiner = Combiner.of(setup)  # several devices, or the invariant sum on one
+    for micro, batch in enumerate(batches, start=1):
+        meter.count(batch)
+        forward_backward(setup, state, to_device(batch, setup.device, non_blocking=loader.pin_memory),
+                         probe, combiner)
+        if micro % setup.local_accumulate:
+            continue
+        # every rank learns the step's losses, and any rank's stop request
+        asked = combiner.end_step(state, should_stop()) if combiner else should_stop()
+        if (unused := setup.diagnostics.unused()):
+            summary["unused_parameters"] = unused
+            warn(unused_warning(unused))
+        log_now = meter.due(state)
+        lr = step_once(setup, state, measure_norm=log_now)
+        # before any line is written: a line's epoch is the epochs completed
+        epoch_ended = state.end_epoch_if_done(setup)
+        if log_now and (bad_step := meter.log_point(state, lr)) is not None:
+            return diverged(summary, bad_step, "non-finite loss", log), meter, validator
+        if validator.due(state, epoch_ended):
+            validator.evaluate(state)
+            meter.restart_interval()
+        stopping = asked and state.step < setup.total and not validator.stop
+        # an evaluation gave NaN or Inf: look at the weights now, even with nothing to save
+        bad_step = checkpointer.after_step(state, epoch_ended=epoch_ended,
+                                           stopping=stopping or validator.stop,
+                                           check=validator.nonfinite_step == state.step)
+        if bad_step is not None:  # nothing was saved: the last checkpoint stays the good one
+            return diverged(summary, bad_step, "non-finite loss or weights", log), meter, validator
+        if stopping:
+            log(f"interrupted at step {state.step}: checkpoint saved")
+            return states.INTERRUPTED, meter, validator
+        if pause and epoch_ended and state.epoch == pause and not validator.stop:
+            return waiting(pause, log), meter, validator  # last.pt was saved at the epoch's end
+        if state.step >= setup.total or validator.stop:
+            break
+    return status, meter, validator
+
+
+def rank_device(world: World) -> torch.device:
+    """This process's device: the GPU it was given (rank r: the r-th), else the CPU."""
+    device = environment.pick_device()
+    if device.type == "cuda" and world.size > 1:
+        device = torch.device("cuda", world.rank)
+        torch.cuda.set_device(device)
+    return device
+
+
+def legacy_threads(run_dir: Path, saved: dict[str, Any] | None) -> int | None:
+    """The threads a checkpoint from before attempts were recorded was trained with, as
+    the summary.json of the attempt that wrote it says (None: not known)."""
+    if saved is None or saved.get("attempts"):
+        return None
+    earlier = runlog.read_summary(run_dir / layout.SUMMARY)
+    threads = ((earlier.environment or {}) if earlier else {}).get("threads")
+    return threads if type(threads) is int and threads >= 1 else None
 
 
 def new_summary(run: RunSpec, started: float) -> dict[str, Any]:
