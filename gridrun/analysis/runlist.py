@@ -37,7 +37,7 @@ def run_lines(runs: Sequence[Any], note_of: Callable[[Any], str],
         rows.append({"id": r.id, "status": r.status, "experiment": r.experiment,
                      "variant": r.variant or "-", "seed": str(r.seed), "dev": str(devices[r.id]),
                      "rung": rung or "-", "epochs": used or "-", "best": best_label(r.summary),
-                     "note": note_of(r)})
+                     "note": " · ".join(x for x in (note_of(r), resumed_note(r.summary)) if x)})
     header = {c: c.upper() for c in columns}
     widths = {c: min(CAPS.get(c, 1 << 20), max(len(row[c]) for row in [header, *rows]))
               for c in columns[:-1]}
@@ -70,3 +70,16 @@ def best_label(summary: Any) -> str:
         return ""
     arrow = "↓" if records.direction(s.early_stop_metric, s.metrics) == records.LOWER else "↑"
     return f"{s.early_stop_metric}{arrow} {s.best_value:.4g}"
+
+
+def resumed_note(summary: Any) -> str:
+    """`resumed in another environment: threads 2 -> 1 at step 6` for a run whose resume
+    could not keep a field deciding its bits (summary.json's environment_changes), else ""."""
+    from gridrun.runs import records
+
+    s = records.Summary.from_json(summary)
+    if s is None or not s.environment_changes:
+        return ""
+    return "resumed in another environment: " + ", ".join(
+        f"{c.get('field')} {c.get('from')} -> {c.get('to')} at step {c.get('step')}"
+        for c in s.environment_changes)

@@ -86,6 +86,12 @@ def describe(verdict: dict[str, Any], *, short: bool = False) -> str:
                            for name, v in env.items() if isinstance(v, dict))
         text += (f"; the environment differs: {fields} (the same bits are promised only "
                  "in the same environment)")
+    changes = [c for c in verdict.get("resumed_changes") or [] if isinstance(c, dict)]
+    if changes:
+        said = ", ".join(f"{c.get('field')} {c.get('from')!r} -> {c.get('to')!r} at step "
+                         f"{c.get('step')}" for c in changes)
+        text += (f"; the run was resumed in another environment: {said} (its bits from "
+                 "there on are not an uninterrupted run's)")
     return text
 
 

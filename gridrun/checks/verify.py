@@ -87,9 +87,9 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
                           + (" (verify from the start instead)" if from_checkpoint else ""))
     target = last_step if steps is None else min(last_step, start_step + steps)
     recorded_env = recorded_summary.get("environment") or {}
-    if isinstance(recorded_env.get("threads"), int) and recorded_env["threads"] >= 1:
+    if (n := replay_threads(recorded_summary, from_checkpoint)) is not None:
         # the bits depend on the thread count: replay with the run's own, on any machine
-        run = run.with_trainer(threads=recorded_env["threads"])
+        run = run.with_trainer(threads=n)
 
     with tempfile.TemporaryDirectory(prefix="gridrun-verify-") as tmp:
         scratch = Path(tmp)
@@ -135,6 +135,8 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
         "replay_status": summary["status"], "replay_error": summary["error"],
         "device": summary["device"], "recorded_device": recorded_summary.get("device"),
         "environment": environment_differences(recorded_env, summary.get("environment") or {}),
+        # what a resume could not keep: a difference from there on is explained by it
+        "resumed_changes": recorded_summary.get("environment_changes") or [],
         "wall_time_s": round(time.time() - started, 3),
     }
     try:
@@ -143,6 +145,17 @@ def verify(run_dir: str | Path, *, steps: int | None = None, from_checkpoint: bo
         raise VerifyError(f"{verdict.describe(result)}; but {run_dir / layout.VERIFY} could "
                           f"not be written: {e.strerror or e}") from None
     return result
+
+
+def replay_threads(recorded: dict[str, Any], from_checkpoint: bool) -> int | None:
+    """The threads a replay computes with: the first attempt's from the start (a later
+    attempt that changed them is a recorded change), the last one's from the checkpoint;
+    a run from before attempts were recorded: its environment's."""
+    attempts = [a for a in recorded.get("attempts") or [] if isinstance(a, dict)]
+    chosen = (attempts[-1] if from_checkpoint else attempts[0]) if attempts else (
+        recorded.get("environment") or {})
+    n = chosen.get("threads")
+    return n if type(n) is int and n >= 1 else None
 
 
 def first_line(run_dir: Path) -> dict[str, Any] | None:

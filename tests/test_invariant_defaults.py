@@ -1,0 +1,252 @@
+"""Every promise under the defaults (issue 44): a user's own task, in their own
+folder, with no `threads` key, trained under `reduce = "invariant"` on 1, 2 and 4
+CPU devices of this machine gives one weights hash and the same metrics lines;
+cancelled on 2 devices and resumed on 1 it ends with that hash again. And a resume
+that cannot keep a field deciding the bits says so everywhere a user looks.
+
+The task is a newcomer's: a GRU classifier with LayerNorm, BatchNorm and Dropout,
+whose `__getitem__` masks tokens with Python's `random` and `torch.rand` (the
+global generators: gridrun seeds them per batch).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_engine_kit import make_run, metrics_without_timing, prepare
+from user_folder import user_package
+
+from gridrun.runs import layout, runlog, states
+from gridrun.spec import write_run_config
+
+GRU_TASK = '''\
+"""A GRU over token sequences: is the count of token 1 even? Tokens are masked at
+random in __getitem__ (Python's random and torch.rand: the global generators)."""
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gridrun import Task
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n, length, vocab, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randint(2, vocab, (n, length), generator=g)
+        self.x[torch.rand(n, length, generator=g) < 0.2] = 1
+        self.y = ((self.x == 1).sum(1) % 2).long()
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        x = self.x[i].clone()
+        if random.random() < 0.5:  # augmentation: mask a tenth of the tokens
+            x[torch.rand(len(x)) < 0.1] = 0
+        return x, self.y[i]
+
+
+class Classifier(nn.Module):
+    def __init__(self, vocab, hidden):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.gru = nn.GRU(hidden, hidden, batch_first=True)
+        self.norm = nn.LayerNorm(hidden)
+        self.bn = nn.BatchNorm1d(hidden)
+        self.drop = nn.Dropout(0.2)
+        self.out = nn.Linear(hidden, 2)
+
+    def forward(self, x):
+        h = self.gru(self.embed(x))[0].mean(1)
+        return self.out(self.drop(self.bn(self.norm(h))))
+
+
+def make(hidden: int = 32, train_size: int = 512, step_sleep: float = 0.0):
+    def loss(model, batch):
+        if step_sleep:
+            time.sleep(step_sleep)
+        x, y = batch
+        return F.cross_entropy(model(x), y)
+
+    def evaluate(model, batch):
+        x, y = batch
+        logits = model(x)
+        return {"loss": (F.cross_entropy(logits, y, reduction="sum"), y.numel()),
+                "accuracy": ((logits.argmax(-1) == y).sum(), y.numel())}
+
+    return Task(model=Classifier(12, hidden), train_data=Tokens(train_size, 24, 12, 0),
+                val_data=Tokens(128, 24, 12, 1), loss=loss, evaluate=evaluate,
+                metrics={"loss": "lower", "accuracy": "higher"})
+'''
+MACHINE = {"rss", "step_time"}  # wall-clock and machine fields of a metrics line
+
+
+@pytest.fixture
+def lab(tmp_path, monkeypatch):
+    """The user's folder: their task package, the working directory of every process."""
+    with user_package(tmp_path, monkeypatch, "grulab", {"gru": GRU_TASK}) as folder:
+        yield folder
+
+
+def cell(devices: int, experiment: str, **trainer):
+    """The cell under the defaults: no `threads` key, only what the user chose."""
+    args = {"hidden": 32, "train_size": trainer.pop("train_size", 512),
+            "step_sleep": trainer.pop("step_sleep", 0.0)}
+    run = make_run("grulab.gru:make", experiment=experiment, task_args=args,
+                   **{"epochs": 2, "batch_size": 32, "accumulate": 4, "log_every": 2,
+                      "reduce": "invariant", "devices": devices, **trainer})
+    assert run.trainer["threads"] == "auto"
+    return run
+
+
+def worker(run_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "gridrun.train.worker", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finished(run_dir: Path) -> str:
+    proc = worker(run_dir)
+    out, _ = proc.communicate()
+    assert proc.returncode == 0, out
+    return out
+
+
+def summary(root: Path, run) -> dict:
+    return json.loads((layout.run_dir(root, run.experiment, run.id) / layout.SUMMARY).read_text())
+
+
+def lines(root: Path, run) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in MACHINE}
+            for r in metrics_without_timing(root, run)]
+
+
+def test_a_users_task_under_the_defaults_gives_one_hash_on_1_2_and_4_devices(lab):
+    root = lab / "runs"
+    runs = [cell(d, f"d{d}") for d in (1, 2, 4)]
+    assert len({cell(d, "same").id for d in (1, 2, 4)}) == 1  # devices is not in its id
+    for run in runs:
+        finished(prepare(root, run))
+    assert len({summary(root, r)["weights_sha256"] for r in runs}) == 1
+    one = lines(root, runs[0])
+    assert sum(r.get("split") == "train" for r in one) >= 4 and any(r.get("split") == "val" for r in one)
+    assert all(lines(root, r) == one for r in runs[1:])
+    for run in runs:  # what the default resolved to, recorded attempt by attempt
+        (attempt,) = summary(root, run)["attempts"]
+        assert attempt["threads"] == 1 and attempt["world_size"] == run.trainer["devices"]
+        assert summary(root, run)["environment_changes"] == []
+
+
+def test_cancelled_on_2_devices_and_resumed_on_1_under_the_defaults_gives_the_same_hash(lab):
+    root = lab / "runs"
+    alone = cell(1, "alone", train_size=2048)
+    finished(prepare(root, alone))
+    # 16 steps an epoch and a sleep in each: the stop lands long before the end
+    moved = cell(2, "moved", train_size=2048, step_sleep=0.05, checkpoint_every=2)
+    run_dir = prepare(root, moved)
+    proc = worker(run_dir)
+
+    def steps_logged() -> int:
+        records = runlog.read_all(run_dir / layout.METRICS)
+        return max((r.get("step", 0) for r in records if r.get("split") == "train"), default=0)
+
+    while steps_logged() < 4 and proc.poll() is None:  # bounded by the run's own end
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate()
+    assert proc.returncode == states.EXIT_CODES[states.INTERRUPTED], out
+    stopped_at = summary(root, moved)["step"]
+    assert 4 <= stopped_at < summary(root, alone)["step"]
+    write_run_config(run_dir / layout.CONFIG, type(moved)(**{
+        **moved.__dict__, "trainer": {**moved.trainer, "devices": 1}}))
+    out = finished(run_dir)
+    assert f"resumed from step {stopped_at}" in out and "another environment" not in out
+    resumed = summary(root, moved)
+    assert resumed["weights_sha256"] == summary(root, alone)["weights_sha256"]
+    assert lines(root, moved) == lines(root, alone)
+    first, second = resumed["attempts"]
+    assert (first["world_size"], second["world_size"]) == (2, 1)
+    assert first["threads"] == second["threads"] == 1 and second["from_step"] == stopped_at
+    assert resumed["environment_changes"] == []  # invariant: the device count decides nothing
+
+
+SLOW = """
+[experiments.slow]
+task = "helper_tasks:slow"
+inner_task = "shapes"  # convolutions and BatchNorm: other bits on 1 thread than on 2
+step_sleep = 0.05
+train_size = 512
+val_size = 64
+epochs = 2
+batch_size = 32
+checkpoint_every = 2
+log_every = 2
+"""
+
+def cli(*args: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "gridrun", *args], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def test_auto_threads_are_kept_on_resume_and_a_change_that_cannot_be_is_said_everywhere(tmp_path):
+    """threads = 2 written in the file, stopped mid-way; resumed under "auto" the run
+    keeps its 2 threads (the same bits as never stopping); resumed under an explicit
+    1 it cannot: summary.json, output.log, `ls` and `verify` say which field changed."""
+    def train(root: str, threads: str) -> subprocess.Popen:
+        (tmp_path / "e.toml").write_text(SLOW + threads)
+        return cli("train", "e.toml", "--root", root, cwd=tmp_path)
+
+    def ended(proc: subprocess.Popen) -> str:
+        out, _ = proc.communicate()
+        assert proc.returncode == 0, out
+        return out
+
+    def stopped_midway(root: str) -> Path:
+        proc = train(root, "threads = 2\n")
+        folder = tmp_path / root / "slow"
+        while proc.poll() is None and not (folder.is_dir() and any(folder.iterdir())):
+            time.sleep(0.05)
+        (run_dir,) = folder.iterdir()
+        while proc.poll() is None and max((r.get("step", 0) for r in runlog.read_all(
+                run_dir / layout.METRICS) if r.get("split") == "train"), default=0) < 4:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate()
+        assert "interrupted at step" in out, out
+        return run_dir
+
+    ended(train("whole", "threads = 2\n"))
+    (whole,) = (tmp_path / "whole" / "slow").iterdir()
+    whole_hash = json.loads((whole / layout.SUMMARY).read_text())["weights_sha256"]
+
+    run_dir = stopped_midway("kept")
+    ended(train("kept", ""))  # no threads key: "auto"
+    kept = json.loads((run_dir / layout.SUMMARY).read_text())
+    assert [a["threads"] for a in kept["attempts"]] == [2, 2]
+    assert kept["environment_changes"] == [] and kept["weights_sha256"] == whole_hash
+
+    run_dir = stopped_midway("changed")
+    out = ended(train("changed", "threads = 1\n"))
+    changed = json.loads((run_dir / layout.SUMMARY).read_text())
+    (change,) = changed["environment_changes"]
+    assert change["field"] == "threads" and (change["from"], change["to"]) == (2, 1)
+    at = change["step"]
+    line = f"resumed at step {at} in another environment (threads 2 -> 1)"
+    assert line in out and line in (run_dir / layout.OUTPUT).read_text()
+    assert any(line in w for w in changed["warnings"])
+    ls = subprocess.run([sys.executable, "-m", "gridrun", "ls", "--root", "changed"],
+                        cwd=tmp_path, capture_output=True, text=True)
+    assert f"resumed in another environment: threads 2 -> 1 at step {at}" in ls.stdout
+    checked = subprocess.run([sys.executable, "-m", "gridrun", "verify", changed["run_id"],
+                              "--root", "changed"], cwd=tmp_path, capture_output=True, text=True)
+    assert checked.returncode != 0, checked.stdout
+    assert (f"the run was resumed in another environment: threads 2 -> 1 at step {at}"
+            in checked.stdout + checked.stderr), checked.stdout + checked.stderr
