@@ -137,6 +137,42 @@ class MirrorProcess:
             _stop_group(self.proc, wait=1)
 
 
+def attempt(number: int, from_step: int, devices: int, threads: int = 1) -> dict[str, Any]:
+    """One start of a run's training loop as summary.json's `attempts` holds it."""
+    return {"attempt": number, "from_step": from_step, "started_at": time.time(),
+            "threads": threads, "devices": devices, "world_size": devices,
+            "reduce": "invariant", "torch": "2.5.1", "device_type": "cpu"}
+
+
+def record_run(root: Path, spec: Any, losses: list[float], weights: str, *,
+               status: str = "completed", attempts: list[dict[str, Any]] = (),
+               error: str | None = None) -> None:
+    """Run `spec` of the store as if trained: running, then `status`, with its folder's
+    records (config.toml, a train and a val line per loss, summary.json with `weights`
+    as its hash and `attempts`). No training: each root of a test gets values of its own."""
+    from gridrun.runs import layout, runlog, states
+    from gridrun.runs.store import Store
+    from gridrun.spec.model import write_run_config
+
+    folder = layout.make_run_dir(root, spec.experiment, spec.id)
+    write_run_config(folder / layout.CONFIG, spec)
+    start = time.time()
+    lines = [{"t": start + i, "step": 2 * (i + 1), "epoch": i + 1, "split": split, "loss": loss,
+              **({"lr": 0.001} if split == "train" else {})}
+             for i, loss in enumerate(losses) for split in ("train", "val")]
+    (folder / layout.METRICS).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    summary = {"run_id": spec.id, "experiment": spec.experiment, "variant": spec.variant,
+               "seed": spec.seed, "task": spec.task, "status": status, "step": 2 * len(losses),
+               "weights_sha256": weights, "randomness": {"seeds": {"init": spec.seed}},
+               "environment": {"torch": "2.5.1", "threads": 1}, "attempts": list(attempts)}
+    runlog.write_summary(folder, summary)
+    with Store(root, create=False) as store:
+        assert store.transition(spec.id, states.QUEUED, states.RUNNING, started_at=start,
+                                slot="cpu0")
+        assert store.transition(spec.id, states.RUNNING, status, ended_at=time.time(),
+                                slot=None, summary=summary, error=error)
+
+
 # ---- what MLflow holds ---------------------------------------------------------------------
 
 
@@ -150,10 +186,44 @@ def mlflow_runs(client: Any, experiment: str) -> list[Any]:
                                    max_results=1000))
 
 
+def per_attempt(key: str) -> bool:
+    """A trainer key an attempt may change under the same run id: one the id leaves out,
+    and devices (left out under reduce = "invariant"). MLflow never changes a param."""
+    from gridrun.spec.keys import TRAINER_KEYS
+
+    return key == "devices" or (key in TRAINER_KEYS and not TRAINER_KEYS[key].affects_results)
+
+
+def as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def expected_params(config: dict) -> dict[str, str]:
-    """The resolved config, flat: strings as they are, other values as JSON."""
-    flat = {"task": config["task"], **config["trainer"], **config["task_args"]}
-    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in flat.items()}
+    """The resolved config, flat, but the keys an attempt may change: strings as they are,
+    other values as JSON."""
+    flat = {"task": config["task"], **{k: v for k, v in config["trainer"].items()
+                                       if not per_attempt(k)}, **config["task_args"]}
+    return {k: as_text(v) for k, v in flat.items()}
+
+
+def expected_tags(run: Any, summary: dict | None) -> dict[str, str]:
+    """The tags that say what its latest attempt ran with: the keys an attempt may change
+    as the store's config has them now, and the latest attempt's record (summary.json)."""
+    tags = {f"gridrun.config.{k}": as_text(v) for k, v in run.config["trainer"].items()
+            if per_attempt(k) and v != ""}
+    attempts = (summary or {}).get("attempts") or []
+    if attempts:
+        tags |= {f"gridrun.env.{k}": as_text(attempts[-1][k]) for k in
+                 ("threads", "devices", "world_size", "reduce", "torch", "device_type")}
+        tags["gridrun.attempts"] = str(len(attempts))
+    return tags
+
+
+def root_id(root: Path) -> str:
+    from gridrun.runs.store import Store
+
+    with Store(root, create=False) as store:
+        return store.root_id()
 
 
 def expected_points(metrics: Path) -> dict[str, list[tuple[int, float]]]:
@@ -175,22 +245,29 @@ MLFLOW_STATUS = {"running": "RUNNING", "completed": "FINISHED", "stopped": "FINI
 
 
 def difference(client: Any, root: Path, runs: list[Any]) -> str | None:
-    """The first way MLflow differs from the runs' records (store rows), or None."""
+    """The first way MLflow differs from the runs' records (store rows of `root`), or None:
+    each run is one MLflow run tagged with its id and its root's."""
     from gridrun.runs import layout, states
 
+    mine = root_id(root)
     by_id: dict[str, list[Any]] = {}
     for experiment in {r.experiment for r in runs}:
         for m in mlflow_runs(client, experiment):
-            if "gridrun.run_id" in m.data.tags:
+            if "gridrun.run_id" in m.data.tags and m.data.tags.get("gridrun.root_id") == mine:
                 by_id.setdefault(m.data.tags["gridrun.run_id"], []).append(m)
     for run in runs:
         found = by_id.get(run.id, [])
         if len(found) != 1:
-            return f"{run.id}: {len(found)} MLflow runs"
+            return f"{run.id}: {len(found)} MLflow runs of root {mine}"
         m = found[0]
         if m.data.params != expected_params(dict(run.config)):
             return f"{run.id}: params {m.data.params}"
         tags = m.data.tags
+        summary_path = run.run_dir(root) / layout.SUMMARY
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+        want_tags = expected_tags(run, summary if run.status in states.FINISHED else None)
+        if {k: tags.get(k) for k in want_tags} != want_tags:
+            return f"{run.id}: tags {tags}, not {want_tags}"
         if (tags.get("gridrun.status"), m.info.status) != (run.status, MLFLOW_STATUS[run.status]):
             return f"{run.id}: status {tags.get('gridrun.status')} {m.info.status}, not {run.status}"
         want = expected_points(run.run_dir(root) / layout.METRICS)

@@ -3,17 +3,21 @@
 `Mirror` folds over the store's change feed (`read`: `changes_since`, never a walk
 of the run folders) and sends, in `step`, what is new of the runs that changed and
 of the running ones: a run MLflow has not seen yet becomes an MLflow run in the
-experiment named after its own (found by its `gridrun.run_id` tag before one is
-made; a search's trials are children of one parent run per search, which carries
-the leaderboard), then its params, its new metric points (log_batch), its tags and
-status, and its files when they changed (mlflow_records.py says what each is).
+experiment named after its own (found by its `gridrun.run_id` and `gridrun.root_id`
+tags before one is made: the key is the run in its root, as two roots may hold the
+same run id; a search's trials are children of one parent run per search and root,
+which carries the leaderboard), then its params, its new metric points (log_batch),
+its tags (one of ours it no longer has is deleted) and status, and its files when
+they changed (mlflow_records.py says what each is).
 
 MLflow is the truth: before the first step, and again after any failure, one
-search per experiment reads which runs MLflow holds and the last step of each of
-their metrics (`_reconcile`); where the cursor disagrees, that run's log is read
-again from its start and only steps past MLflow's last are sent. Nothing is sent
-twice, and metric points carry the line's own time, so a batch resent after a lost
-answer is the same point again.
+search per experiment reads which runs of this root MLflow holds and the last step
+of each of their metrics (`_reconcile`); where the cursor disagrees, that run's log
+is read again from its start and only steps past MLflow's last are sent. Nothing is
+sent twice, and metric points carry the line's own time, so a batch resent after a
+lost answer is the same point again. A run sent before runs carried their root is
+this root's only where this root's cursor names it (`mr.owned`); it is then tagged
+with the root and its tags, status and files are sent again.
 
 Failure is local: the mirror is its own process; a server that is down or fails
 raises out of `step` (what was sent stays counted), `follow` says so in one line and
@@ -23,6 +27,7 @@ the server refuses (a 4xx answer) is said once and left until it changes.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -46,12 +51,23 @@ class _Skip(Exception):
 
 @dataclass(frozen=True)
 class Remote:
-    """A run MLflow holds: its id, the last step of each metric, its params' keys."""
+    """A run of this root MLflow holds: its id, the last step of each metric, its params'
+    keys, its tags of mr.OURS, and whether it was sent before runs carried their root."""
 
     id: str
     steps: dict[str, int]
     params: frozenset[str]
     deleted: bool
+    tags: frozenset[str] = frozenset()
+    rootless: bool = False
+
+    @classmethod
+    def of(cls, run: Any) -> Remote:
+        # public: Run.to_proto() holds each metric's latest point, with its step
+        return cls(run.info.run_id, {m.key: m.step for m in run.to_proto().data.metrics},
+                   frozenset(run.data.params), run.info.lifecycle_stage == "deleted",
+                   frozenset(k for k in run.data.tags if k.startswith(mr.OURS)),
+                   not run.data.tags.get(mr.ROOT_ID))
 
 
 class Mirror:
@@ -60,6 +76,8 @@ class Mirror:
     def __init__(self, root: Path, client: Any, cursor: mr.Cursor,
                  tell: Callable[[str], None], warn: Callable[[str], None]) -> None:
         self.root, self.client, self.cursor, self.tell, self.warn = root, client, cursor, tell, warn
+        self.root_id = ""  # the store's (read first): an MLflow run is a run in its root
+        self.mine: set[str] = set()  # the root ids whose MLflow runs are this root's
         self.rows: dict[str, Any] = {}
         self.seq = 0
         self.dirty: set[str] = set()
@@ -74,6 +92,9 @@ class Mirror:
     # ---- the store -----------------------------------------------------------------------
 
     def read(self, store: Any) -> None:
+        if not self.root_id:
+            self.root_id = store.root_id()
+            self.mine = {self.root_id, *self.cursor.roots}
         changed, self.seq = store.changes_since(self.seq)
         for run in changed:
             self.rows[run.id] = run
@@ -155,38 +176,53 @@ class Mirror:
                 return found
 
     def _reconcile(self) -> None:
-        """What MLflow holds of these experiments; the cursor follows it where they differ."""
+        """What MLflow holds of this root's runs in these experiments (mr.owned: tagged with
+        the root, or from before root tags and named by the cursor); the cursor follows it
+        where they differ."""
         remote: dict[str, Remote] = {}
-        self.cursor.parents = {}
+        named_parents, self.cursor.parents = self.cursor.parents, {}
         for name in sorted({r.experiment for r in self.rows.values()}):
             experiment = self.client.get_experiment_by_name(name)
             if experiment is None:
                 continue
             self.experiments[name] = experiment.experiment_id
             for run in self._search(experiment.experiment_id):
-                tags = run.data.tags
-                if tags.get(mr.RUN_ID) and (tags[mr.RUN_ID] not in remote
-                                            or remote[tags[mr.RUN_ID]].deleted):  # active first
-                    # public: Run.to_proto() holds each metric's latest point, with its step
-                    steps = {m.key: m.step for m in run.to_proto().data.metrics}
-                    remote[tags[mr.RUN_ID]] = Remote(run.info.run_id, steps,
-                                                     frozenset(run.data.params),
-                                                     run.info.lifecycle_stage == "deleted")
-                elif tags.get(mr.ROLE) == mr.SEARCH_ROLE and tags.get(mr.SEARCH_ID) and \
-                        run.info.lifecycle_stage != "deleted":
-                    self.cursor.parents[tags[mr.SEARCH_ID]] = run.info.run_id
+                tags, rid, sid = run.data.tags, run.data.tags.get(mr.RUN_ID), \
+                    run.data.tags.get(mr.SEARCH_ID)
+                if rid and mr.owned(tags, run.info.run_id, self.mine,
+                                    self.cursor.runs.get(rid, mr.Mirrored()).mlflow) and \
+                        (rid not in remote or remote[rid].deleted):  # active first
+                    remote[rid] = Remote.of(run)
+                elif tags.get(mr.ROLE) == mr.SEARCH_ROLE and sid and \
+                        run.info.lifecycle_stage != "deleted" and \
+                        mr.owned(tags, run.info.run_id, self.mine, named_parents.get(sid)):
+                    self.cursor.parents[sid] = run.info.run_id
+                    if not tags.get(mr.ROOT_ID):  # sent before root tags: now this root's
+                        self._batch(run.info.run_id, tags=self._root_tags())
         for run_id, m in list(self.cursor.runs.items()):
             found = remote.get(run_id)
-            if found is None or found.id != m.mlflow or found.steps != m.last:
-                # MLflow lost it, holds another, or holds more or less than the cursor says
-                self.cursor.runs[run_id] = mr.Mirrored(None if found is None else found.id,
-                                                       last=dict(found.steps) if found else {})
+            if found is None or found.id != m.mlflow or found.steps != m.last or found.rootless:
+                # MLflow lost it, holds another, holds more or less than the cursor says, or
+                # holds it from before root tags: all of it is sent again (what MLflow has
+                # of it never twice), with its root
+                self.cursor.runs[run_id] = self._entry(found)
                 self.dirty.add(run_id)
+            else:
+                m.tags = sorted(found.tags)
         for run_id, found in remote.items():
             if run_id not in self.cursor.runs and run_id in self.rows:
-                self.cursor.runs[run_id] = mr.Mirrored(found.id, last=dict(found.steps))
+                self.cursor.runs[run_id] = self._entry(found)
                 self.dirty.add(run_id)
         self.remote = remote
+
+    @staticmethod
+    def _entry(found: Remote | None) -> mr.Mirrored:
+        if found is None:
+            return mr.Mirrored()
+        return mr.Mirrored(found.id, last=dict(found.steps), tags=sorted(found.tags))
+
+    def _root_tags(self) -> dict[str, str]:
+        return {mr.ROOT_ID: self.root_id, mr.ROOT: os.path.abspath(self.root)}
 
     def _experiment(self, name: str) -> str:
         if name not in self.experiments:
@@ -200,22 +236,24 @@ class Mirror:
         return self.experiments[name]
 
     def _create(self, run: Any, m: mr.Mirrored, experiment: str) -> frozenset[str]:
-        """Its MLflow run: the one tagged with its id, else a new one; the params it has."""
-        found = sorted(self._search(experiment, f"tags.`{mr.RUN_ID}` = '{run.id}'"),
-                       key=lambda r: r.info.lifecycle_stage == "deleted")  # active first
+        """Its MLflow run: the one tagged with its id and this root's, else a new one; the
+        params it has."""
+        found = sorted((Remote.of(r) for r in self._search(
+                            experiment, f"tags.`{mr.RUN_ID}` = '{run.id}'")
+                        if mr.owned(r.data.tags, r.info.run_id, self.mine, None)),
+                       key=lambda r: r.deleted)  # active first
         if found:
-            if found[0].info.lifecycle_stage == "deleted":
-                raise self._deleted(run, found[0].info.run_id)
-            m.mlflow, m.last = found[0].info.run_id, {
-                x.key: x.step for x in found[0].to_proto().data.metrics}
-            return frozenset(found[0].data.params)
-        tags = mr.tags_of(run, None)
+            if found[0].deleted:
+                raise self._deleted(run, found[0].id)
+            m.mlflow, m.last, m.tags = found[0].id, dict(found[0].steps), sorted(found[0].tags)
+            return found[0].params
+        tags = mr.tags_of(run, None, self.root_id, os.path.abspath(self.root))
         if (sid := mr.search_of(run)) is not None:
             tags[mr.PARENT] = self._parent(run, sid, experiment)
         made = self.client.create_run(experiment, start_time=mr.millis(run.started_at or
                                                                         run.queued_at),
                                       tags=tags, run_name=mr.run_name(run))
-        m.mlflow = made.info.run_id
+        m.mlflow, m.tags = made.info.run_id, sorted(k for k in tags if k.startswith(mr.OURS))
         self.created += 1
         self.tell(f"{run.id}  {run.experiment} {mr.run_name(run)}: MLflow run {m.mlflow}")
         return frozenset()
@@ -228,14 +266,15 @@ class Mirror:
         if sid not in self.cursor.parents:
             found = [r for r in self._search(experiment, f"tags.`{mr.SEARCH_ID}` = '{sid}' and "
                                                          f"tags.`{mr.ROLE}` = '{mr.SEARCH_ROLE}'")
-                     if r.info.lifecycle_stage != "deleted"]
+                     if r.info.lifecycle_stage != "deleted"
+                     and mr.owned(r.data.tags, r.info.run_id, self.mine, None)]
             if found:
                 self.cursor.parents[sid] = found[0].info.run_id
             else:
                 made = self.client.create_run(
                     experiment, start_time=mr.millis(run.queued_at), run_name=f"search {sid}",
                     tags={mr.SEARCH_ID: sid, mr.ROLE: mr.SEARCH_ROLE,
-                          "gridrun.experiment": run.experiment})
+                          "gridrun.experiment": run.experiment, **self._root_tags()})
                 self.cursor.parents[sid] = made.info.run_id
             self._batch(self.cursor.parents[sid], params=mr.search_params(run.config["search"]))
         return self.cursor.parents[sid]
@@ -250,6 +289,8 @@ class Mirror:
                               synchronous=True)
 
     def _sync(self, run: Any) -> None:
+        if self.root_id not in self.cursor.roots:
+            self.cursor.roots.append(self.root_id)
         m = self.cursor.runs.setdefault(run.id, mr.Mirrored())
         remote = (self.remote or {}).get(run.id)
         if remote is not None and remote.deleted:
@@ -258,15 +299,15 @@ class Mirror:
         if m.mlflow is None:
             have = self._create(run, m, self._experiment(run.experiment))
         if not m.params:
-            self._batch(m.mlflow, params={k: v for k, v in mr.params_of(run.config).items()
-                                          if k not in have})
+            self._batch(m.mlflow, params={k: v for k, v in mr.params_of(
+                run.config, run.adjustments).items() if k not in have})
             m.params = True
         self._metrics(run, m)
         if m.seq == run.seq and not self.first and run.id not in self.settling:
             return
         summary = runlog.read_summary(run.run_dir(self.root) / layout.SUMMARY)
         if m.seq != run.seq:
-            self._batch(m.mlflow, tags=mr.tags_of(run, summary))
+            self._tags(m, mr.tags_of(run, summary, self.root_id, os.path.abspath(self.root)))
             status = mr.STATUS.get(run.status, "RUNNING")
             if run.status in states.FINISHED:
                 self.client.set_terminated(m.mlflow, status, end_time=mr.millis(run.ended_at)
@@ -288,6 +329,18 @@ class Mirror:
                       f"({m.points:,} metric points sent)")
         m.seq = run.seq
         self.dirty.discard(run.id)
+
+    def _tags(self, m: mr.Mirrored, tags: dict[str, str]) -> None:
+        """Its tags as they are now; one of ours it no longer has (an error after a retry
+        that completed, a value an attempt dropped) is deleted, never left stale."""
+        self._batch(m.mlflow, tags=tags)
+        for key in sorted(set(m.tags) - set(tags)):
+            try:
+                self.client.delete_tag(m.mlflow, key)
+            except Exception as e:
+                if not refused(e):  # gone already: what was wanted
+                    raise
+        m.tags = sorted(k for k in tags if k.startswith(mr.OURS))
 
     def _metrics(self, run: Any, m: mr.Mirrored) -> None:
         from mlflow.entities import Metric

@@ -1,22 +1,25 @@
 """What a gridrun run becomes in MLflow, and how far the mirror has sent it (no mlflow here).
 
-A run is one MLflow run: its params are the resolved config (`params_of`: the task,
-every trainer key and every task key, flat, each value as the run id hashes it: a
-string as it is, anything else in JSON's spelling); its tags say which run it is
-and what decides its bits (`tags_of`); its metrics are every finite value of its
-train and validation lines (derived metrics too), named as `gridrun tensorboard`
-names them (`train/loss`, `val/accuracy`, `throughput/samples_per_s`, ...), at the
-line's step and time (`new_points`); its files are config.toml, summary.json and
-each export folder that holds a model.json (`run_files`, read without following a
-link, `copy_out`).
+A run in its root is one MLflow run: its params are what its run id was made from, the
+same on every attempt (`params_of`: the task, every trainer key but those an attempt may
+change, PER_ATTEMPT, and every task key, flat: a string as it is, anything else in
+JSON's spelling, as the CSV files write it); its tags say which run of which root it is
+(`tags_of`, `owned`), what an attempt may change as the run has it now
+(`config_tags`), and what decided its bits, its latest attempt's included
+(`attempt_tags`); its metrics are every finite value of its train and validation
+lines (derived metrics too), named as `gridrun tensorboard` names them (`train/loss`,
+`val/accuracy`, `throughput/samples_per_s`, ...), at the line's step and time
+(`new_points`); its files are config.toml, summary.json and each export folder that
+holds a model.json (`run_files`, read without following a link, `copy_out`).
 
 The cursor (`Cursor`, ROOT/.mirror-mlflow.json, keyed by tracking URI, written
 atomically and never through a link) keeps per run its MLflow run, the byte offset
 its metrics log was read to (with a hash of the bytes before it: a log cut by a
 resume is read again from the start), the last step sent per metric, the store
-row's `seq` last mirrored and the files sent. MLflow is the truth: the mirror
-checks the cursor against it at start (mlflow_mirror.py), and a point is sent only
-at a step past the last one MLflow holds for its metric, so nothing is sent twice.
+row's `seq` last mirrored, the files and tags sent; and the root ids this root sent
+runs under. MLflow is the truth: the mirror checks the cursor against it at start
+(mlflow_mirror.py), and a point is sent only at a step past the last one MLflow holds
+for its metric, so nothing is sent twice.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from gridrun.analysis.tensorboard import scalars
 from gridrun.runs import layout, nofollow, states
 from gridrun.runs import records as rec
 from gridrun.runs.layout import UnsafePath
+from gridrun.spec.keys import TRAINER_KEYS
 
 CURSOR = ".mirror-mlflow.json"
 CURSOR_MAX = 64 << 20
@@ -53,6 +57,20 @@ PARAM_VALUE_MAX = 6000  # and 6000 of a param
 
 RUN_ID, SEARCH_ID, ROLE, PARENT = ("gridrun.run_id", "gridrun.search_id", "gridrun.role",
                                    "mlflow.parentRunId")
+# the root a run is of: two roots may hold the same run id (one root per device count), and
+# an MLflow run is one run in one root (its store's root_id; its path, for people)
+ROOT_ID, ROOT = "gridrun.root_id", "gridrun.root"
+OURS = "gridrun."  # the tags the mirror owns: one it no longer sends is deleted, never left stale
+# the trainer keys an attempt may change under the same run id: those the id leaves out
+# (threads, checkpoint_every, num_workers, ...) and devices (left out under reduce =
+# "invariant"). MLflow never changes a param: these are tags (CONFIG), rewritten as they change
+PER_ATTEMPT = frozenset({k for k, key in TRAINER_KEYS.items() if not key.affects_results}
+                        | {"devices"})
+CONFIG = "gridrun.config."
+# what summary.json's `attempts` records of each start of the training loop (FIELDS of
+# train/loop/attempts.py; named here: that module imports torch), the latest's as
+# gridrun.env.<field>
+ATTEMPT_FIELDS = ("threads", "devices", "world_size", "reduce", "torch", "device_type")
 SEARCH_ROLE = "search"  # ROLE of a search's parent run
 STATUS = {states.RUNNING: "RUNNING", states.COMPLETED: "FINISHED", states.STOPPED: "FINISHED",
           states.FAILED: "FAILED", states.DIVERGED: "FAILED", states.OOM: "FAILED",
@@ -72,11 +90,58 @@ def _text(value: Any) -> str:
     return text if isinstance(text, str) else json.dumps(text)
 
 
-def params_of(config: Mapping[str, Any]) -> dict[str, str]:
-    """A store row's config (RunSpec.to_dict()) as MLflow params."""
-    flat = {"task": config.get("task"), **(config.get("trainer") or {}),
+def as_queued(trainer: Mapping[str, Any], adjustments: Any = ()) -> dict[str, Any]:
+    """The trainer keys as the run was queued, before the engine adjusted them for a retry
+    (an out-of-memory retry halves batch_size and doubles accumulate, under the same id):
+    each adjustment holds {key: [before, after]}."""
+    out = dict(trainer)
+    for change in reversed(list(adjustments or ())):
+        for key, values in (change.items() if isinstance(change, Mapping) else ()):
+            if key in out and isinstance(values, list) and len(values) == 2:
+                out[key] = values[0]
+    return out
+
+
+def params_of(config: Mapping[str, Any], adjustments: Any = ()) -> dict[str, str]:
+    """A store row's config (RunSpec.to_dict()) as MLflow params: what its run id was made
+    from, the same on every attempt (a param never changes in MLflow): the task, the trainer
+    keys as queued but those of PER_ATTEMPT, and the task keys."""
+    trainer = as_queued(config.get("trainer") or {}, adjustments)
+    flat = {"task": config.get("task"),
+            **{k: v for k, v in trainer.items() if k not in PER_ATTEMPT},
             **(config.get("task_args") or {})}
     return {mlflow_key(str(k)): param_value(v) for k, v in flat.items()}
+
+
+def config_tags(config: Mapping[str, Any], adjustments: Any = ()) -> dict[str, str]:
+    """gridrun.config.<key>: the values an attempt may change, as the run has them now
+    (the keys of PER_ATTEMPT, and those an adjustment changed)."""
+    trainer = config.get("trainer") or {}
+    queued = as_queued(trainer, adjustments)
+    return {CONFIG + mlflow_key(str(k)): _text(v) for k, v in trainer.items()
+            if (k in PER_ATTEMPT or queued[k] != v) and v is not None and v != ""}
+
+
+def attempt_tags(summary: rec.Summary) -> dict[str, str]:
+    """What its latest attempt ran with (gridrun.env.<field>), how many attempts it took,
+    each one's record (gridrun.attempt_history, JSON: the newest that fit in a tag) and
+    the changes of environment a resume could not keep (gridrun.env_changes)."""
+    # getattr while Summary gains these fields (train/loop/attempts.py writes them): a
+    # summary without them (an older run's) gives no attempt tags
+    attempts = [a for a in getattr(summary, "attempts", None) or () if isinstance(a, Mapping)]
+    if not attempts:
+        return {}
+    tags = {f"gridrun.env.{k}": _text(attempts[-1][k]) for k in ATTEMPT_FIELDS
+            if attempts[-1].get(k) is not None}
+    tags["gridrun.attempts"] = str(len(attempts))
+    history = [{k: a.get(k) for k in ("attempt", "from_step", *ATTEMPT_FIELDS)} for a in attempts]
+    while history and len(text := json.dumps(history, separators=(",", ":"))) > TAG_VALUE_MAX:
+        history = history[1:]
+    tags["gridrun.attempt_history"] = text if history else ""
+    tags["gridrun.env_changes"] = "; ".join(
+        f"{c.get('field')} {c.get('from')} -> {c.get('to')} at step {c.get('step')}"
+        for c in getattr(summary, "environment_changes", None) or () if isinstance(c, Mapping))
+    return tags
 
 
 def search_params(search: Mapping[str, Any]) -> dict[str, str]:
@@ -109,11 +174,13 @@ def _flat(prefix: str, values: Any, out: dict[str, str]) -> None:
         out[prefix] = _text(values)
 
 
-def tags_of(run: Any, summary: rec.Summary | None) -> dict[str, str]:
-    """Which run it is (id, experiment, variant, ablation, seed, status, attempt, trial)
-    and, once it has a summary, what decides its bits: its weights' hash, each source's
-    seed, the environment facts of REPRODUCE and the determinism settings."""
-    tags: dict[str, str] = {}
+def tags_of(run: Any, summary: rec.Summary | None, root_id: str, root: str) -> dict[str, str]:
+    """Which run it is (id, its root, experiment, variant, ablation, seed, status, attempt,
+    trial), the values an attempt may change (`config_tags`) and, once it has a summary,
+    what decides its bits: its weights' hash, each source's seed, the environment facts of
+    REPRODUCE and of its latest attempt (`attempt_tags`) and the determinism settings."""
+    tags: dict[str, str] = {ROOT_ID: root_id, ROOT: root,
+                            **config_tags(run.config, run.adjustments)}
     _flat("gridrun", {"run_id": run.id, "experiment": run.experiment, "variant": run.variant,
                       "ablation": run.ablation, "seed": run.seed, "status": run.status,
                       "attempt": run.attempt, "task": run.config.get("task")}, tags)
@@ -131,8 +198,19 @@ def tags_of(run: Any, summary: rec.Summary | None) -> dict[str, str]:
                                          "switched_off") or []))}, tags)
         environment = summary.environment or {}
         _flat("gridrun.env", {k: environment.get(k) for k in REPRODUCE}, tags)
+        tags.update(attempt_tags(summary))
         _flat("gridrun.determinism", summary.determinism or environment.get("determinism"), tags)
     return {k: v[:TAG_VALUE_MAX] for k, v in tags.items() if v}
+
+
+def owned(tags: Mapping[str, str], mlflow_id: str, mine: set[str], named: str | None) -> bool:
+    """Whether an MLflow run is this root's: tagged with one of its ids (`mine`: its
+    store's, and those its cursor recorded before, as a store rebuilt by `doctor --rebuild`
+    draws another), or, sent before runs carried their root, named by this root's cursor
+    (`named`: the MLflow run its cursor holds for that run id). A run of no root that the
+    cursor does not name may be another root's: it is left as it is."""
+    root = tags.get(ROOT_ID)
+    return root in mine if root else named is not None and mlflow_id == named
 
 
 def run_name(run: Any) -> str:
@@ -281,6 +359,7 @@ class Mirrored:
     params: bool = False  # its params were sent
     files: dict[str, list[int]] = field(default_factory=dict)  # artifact -> [size, mtime_ns]
     points: int = 0  # metric points sent in all
+    tags: list[str] = field(default_factory=list)  # the tags of OURS its MLflow run holds
 
     @classmethod
     def of(cls, data: Any) -> Mirrored:
@@ -291,14 +370,15 @@ class Mirrored:
                        {str(k): int(v) for k, v in (data.get("last") or {}).items()},
                        int(data.get("seq", -1)), bool(data.get("params")),
                        {str(k): [int(x) for x in v] for k, v in (data.get("files") or {}).items()},
-                       int(data.get("points", 0)))
+                       int(data.get("points", 0)), [str(k) for k in data.get("tags") or ()])
         except (AttributeError, KeyError, TypeError, ValueError):
             return cls()  # MLflow says where it is (the check at start)
 
 
 class Cursor:
-    """ROOT/.mirror-mlflow.json: per tracking URI, each run's `Mirrored` and each search's
-    parent run. The entries of other URIs are kept as they are."""
+    """ROOT/.mirror-mlflow.json: per tracking URI, each run's `Mirrored`, each search's
+    parent run and the root ids this root has sent runs under (its store's, and an earlier
+    store's before a rebuild). The entries of other URIs are kept as they are."""
 
     def __init__(self, root: Path, uri: str, data: dict[str, Any] | None = None) -> None:
         self.path, self.uri = Path(root) / CURSOR, uri
@@ -309,6 +389,8 @@ class Cursor:
                      for k, v in (runs.items() if isinstance(runs, dict) else ())}
         self.parents = {str(k): str(v)
                         for k, v in (parents.items() if isinstance(parents, dict) else ())}
+        roots = mine.get("roots")
+        self.roots = [str(r) for r in roots] if isinstance(roots, list) else []
 
     @classmethod
     def load(cls, root: Path, uri: str) -> tuple[Cursor, str | None]:
@@ -326,7 +408,7 @@ class Cursor:
     def save(self) -> None:
         """Atomically: a new file (O_EXCL, 0600, no link) renamed over the cursor."""
         self.data[self.uri] = {"runs": {k: asdict(v) for k, v in self.runs.items()},
-                               "parents": self.parents}
+                               "parents": self.parents, "roots": self.roots}
         blob = json.dumps(self.data, separators=(",", ":")).encode()
         tmp = self.path.with_name(f"{CURSOR}.{secrets.token_hex(4)}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,

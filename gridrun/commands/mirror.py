@@ -51,17 +51,19 @@ def mlflow(
 ) -> None:
     """Mirror the runs into MLflow: each run an MLflow run in the experiment of its name.
 
-    Params: the resolved config. Metrics: every train and validation value at its step,
-    named as `gridrun tensorboard` names them. Tags: the run id, variant, ablation, seed,
-    status, each source's seed, the weights' hash and the environment that decides the
-    bits. Files: config.toml, summary.json and the export folder (model.json). A search's
-    trials are children of one run per search, which holds the leaderboard. Needs the
-    mlflow extra: pip install 'gridrun[mlflow]'.
+    Params: the resolved config, but the keys an attempt may change (devices, threads,
+    ...: tags gridrun.config.*). Metrics: every train and validation value at its step,
+    named as `gridrun tensorboard` names them. Tags: the run id and its root's, variant,
+    ablation, seed, status, each source's seed, the weights' hash and the environment
+    that decides the bits (its latest attempt's). Files: config.toml, summary.json and
+    the export folder (model.json). A search's trials are children of one run per search,
+    which holds the leaderboard. Needs the mlflow extra: pip install 'gridrun[mlflow]'.
 
-    Incremental: the gridrun run id is the key, so a second mirror adds nothing; where
-    each run stopped is kept in ROOT/.mirror-mlflow.json (the one file it writes in the
-    root), and what MLflow holds wins over it. With --follow, a server that is down is
-    said in one line and tried again with a backoff; runs never wait for it.
+    Incremental: the run in its root is the key (its id and the root's id, kept in the
+    store), so a second mirror adds nothing and two roots holding the same run id are two
+    MLflow runs; where each run stopped is kept in ROOT/.mirror-mlflow.json (the one file
+    it writes in the root), and what MLflow holds wins over it. With --follow, a server
+    that is down is said in one line and tried again with a backoff; runs never wait for it.
     """
     from gridrun.analysis import mlflow_client as mc
     from gridrun.analysis import mlflow_mirror as mm
@@ -78,6 +80,10 @@ def mlflow(
     with open_store(root, write=False) as store:
         if follow and not (root / DB_NAME).is_file():
             fail(f"{root} has no store yet: queue runs first (gridrun queue), then mirror them")
+        if store.root_id() is None:  # a store from before root ids, read as it is on disk
+            fail(f"{root}'s store has no root id yet and cannot be written now ({store.view}); "
+                 "the mirror keys runs by their root: run it again once the store can be "
+                 "written")
         try:
             client = mc.client_for(uri)
         except mc.MLflowMissing as e:
