@@ -1,9 +1,10 @@
 """`gridrun mirror mlflow` against a real MLflow tracking server, for what a run is in it:
 the run in its root (two roots holding the same run id are two MLflow runs; runs mirrored
 before roots had an id are found from their own root only), values an attempt changed
-never left stale, and values spelled as the CSV files spell them. The runs' records are
-written without training (mlflow_kit.record_run), so that each root holds values of its
-own; the live queue is test_mirror_mlflow.py's."""
+never left stale, `--follow` started before the root has a store, and values spelled as
+the CSV files spell them. The runs' records are written without training
+(mlflow_kit.record_run), so that each root holds values of its own; the live queue is
+test_mirror_mlflow.py's."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ import pytest
 pytest.importorskip("mlflow", reason="needs the mlflow package (pip install 'gridrun[mlflow]')")
 
 from mlflow_kit import (
+    MirrorProcess,
     Server,
     attempt,
     difference,
     mlflow_runs,
     record_run,
     root_id,
+    wait_for,
 )
 from search_kit import SEARCH, search_runs
 from test_engine_kit import make_run
@@ -185,3 +188,20 @@ def test_the_csv_and_mlflow_write_arrays_and_booleans_alike(tmp_path, server, cl
     shared = [k for k in m.data.params if k in row and row[k] != ""]
     assert len(shared) > 20 and {k: m.data.params[k] for k in shared} == {k: row[k] for k in shared}
     assert m.info.run_name == "spelled s0"  # nothing varies: its experiment names it
+
+
+def test_follow_started_before_the_root_has_a_store_mirrors_its_first_runs(tmp_path, server,
+                                                                           client):
+    root = tmp_path / "runs"  # not made yet: the first `gridrun queue` makes it
+    follower = MirrorProcess(root, server.uri)
+    try:
+        wait_for(lambda: "no store yet" in follower.stderr(), 60, what="the mirror to say so")
+        spec = make_run(seed=0, experiment="first", threads=1)
+        queued(root, [spec])
+        record_run(root, spec, [0.9, 0.7], "a" * 64)
+        wait_for(lambda: difference(client, root, rows(root)) is None,
+                 what=lambda: f"the first run in MLflow: {difference(client, root, rows(root))}; "
+                              f"the mirror said: {follower.stdout()}{follower.stderr()}")
+    finally:
+        assert follower.stop() == 0, follower.stderr()
+    assert follower.stderr().count("no store yet") == 1, follower.stderr()

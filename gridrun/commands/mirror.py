@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import time
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlparse
 
 import typer
 
-from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, open_store, say
+from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, open_root, open_store, say
 
 NO_URI = ("no MLflow tracking URI: give --tracking-uri URI or set MLFLOW_TRACKING_URI "
           "(http://127.0.0.1:5000 for a local `mlflow server`)")
@@ -41,8 +43,9 @@ def mlflow(
         help="The MLflow tracking server (http://host:5000) or store. Default: "
         "$MLFLOW_TRACKING_URI.")] = None,
     follow: Annotated[bool, typer.Option(
-        "--follow", help="Keep mirroring while runs train, until ctrl-c. Without it: send "
-        "what is new once and exit.")] = False,
+        "--follow", help="Keep mirroring while runs train, until ctrl-c; started before "
+        "anything was queued, it waits for the root's store. Without it: send what is new "
+        "once and exit.")] = False,
     every: Annotated[float, typer.Option(
         "--every", min=0.5, metavar="SECONDS",
         help="With --follow: how often to read the queue's changes and the running runs' "
@@ -67,8 +70,6 @@ def mlflow(
     """
     from gridrun.analysis import mlflow_client as mc
     from gridrun.analysis import mlflow_mirror as mm
-    from gridrun.analysis import mlflow_records as mr
-    from gridrun.runs.layout import DB_NAME, UnsafePath
 
     uri = (tracking_uri or "").strip().rstrip("/")
     if not uri:
@@ -77,47 +78,74 @@ def mlflow(
     if local is not None and local.resolve().is_relative_to(root.resolve()):
         fail(f"the tracking store {uri} is inside the runs root {root}: the mirror writes "
              "nothing there but its cursor; choose a store outside it")
+    try:
+        client = mc.client_for(uri)
+    except mc.MLflowMissing as e:
+        fail(str(e))
+    except Exception as e:  # a URI MLflow does not take
+        fail(f"cannot use the tracking URI {uri}: {mc.reason(e)}")
+    if follow:
+        _follow(root, client, uri, every)
+        return
     with open_store(root, write=False) as store:
-        if follow and not (root / DB_NAME).is_file():
-            fail(f"{root} has no store yet: queue runs first (gridrun queue), then mirror them")
-        if store.root_id() is None:  # a store from before root ids, read as it is on disk
-            fail(f"{root}'s store has no root id yet and cannot be written now ({store.view}); "
-                 "the mirror keys runs by their root: run it again once the store can be "
-                 "written")
+        mirror = _mirror(root, store, client, uri)
+        mirror.read(store)
         try:
-            client = mc.client_for(uri)
-        except mc.MLflowMissing as e:
-            fail(str(e))
-        except Exception as e:  # a URI MLflow does not take
-            fail(f"cannot use the tracking URI {uri}: {mc.reason(e)}")
-        try:
-            cursor, note = mr.Cursor.load(root, uri)
-        except UnsafePath as e:
-            fail(str(e))
-        if note:
-            say(f"note: {note}")
-        mirror = mm.Mirror(root, client, cursor, tell=typer.echo, warn=say)
-        if not follow:
-            mirror.read(store)
-            try:
-                mirror.step()
-            except Exception as e:
-                fail(f"could not send to {uri}: {mc.reason(e)}; {mm.waits(mirror.waiting())}; "
-                     "what was sent stays (run it again to send the rest)", 1)
-            runs = mirror.mirrored()
-            typer.echo(f"mirrored {runs} run{'s' * (runs != 1)} to {uri}: {mirror.created} new, "
-                       f"{mirror.points:,} metric points, {mirror.files} files sent")
-            return
-        _follow(mirror, store, uri, every, cursor.path)
+            mirror.step()
+        except Exception as e:
+            fail(f"could not send to {uri}: {mc.reason(e)}; {mm.waits(mirror.waiting())}; "
+                 "what was sent stays (run it again to send the rest)", 1)
+        runs = mirror.mirrored()
+        typer.echo(f"mirrored {runs} run{'s' * (runs != 1)} to {uri}: {mirror.created} new, "
+                   f"{mirror.points:,} metric points, {mirror.files} files sent")
 
 
-def _follow(mirror: Any, store: Any, uri: str, every: float, cursor: Path) -> None:
+def _mirror(root: Path, store: Any, client: Any, uri: str) -> Any:
+    """The mirror of `root`'s runs, from where its cursor says it stopped."""
     from gridrun.analysis import mlflow_mirror as mm
+    from gridrun.analysis import mlflow_records as mr
+    from gridrun.runs.layout import UnsafePath
+
+    if store.root_id() is None:  # a store from before root ids, read as it is on disk
+        fail(f"{root}'s store has no root id yet and cannot be written now ({store.view}); "
+             "the mirror keys runs by their root: run it again once the store can be written")
+    try:
+        cursor, note = mr.Cursor.load(root, uri)
+    except UnsafePath as e:
+        fail(str(e))
+    if note:
+        say(f"note: {note}")
+    return mm.Mirror(root, client, cursor, tell=typer.echo, warn=say)
+
+
+def _await_store(root: Path, every: float) -> None:
+    """Until ROOT/gridrun.db exists (the first `gridrun queue` makes it, and the root):
+    said once on stderr. A root that is there is checked first, as every command does."""
+    from gridrun.runs import layout
+
+    if os.path.lexists(root / layout.DB_NAME):
+        return
+    if os.path.lexists(root):
+        open_root(root)  # refused now if it can never be a root
+    elif why := layout.system_folder(root):
+        fail(why)
+    say(f"{root} has no store yet (nothing was queued there): waiting for the first "
+        "`gridrun queue` to make it")
+    while not os.path.lexists(root / layout.DB_NAME):
+        time.sleep(every)
+
+
+def _follow(root: Path, client: Any, uri: str, every: float) -> None:
+    from gridrun.analysis import mlflow_mirror as mm
+    from gridrun.analysis import mlflow_records as mr
 
     previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        typer.echo(f"mirroring the runs to {uri} (ctrl-c stops; where it stopped: {cursor})")
-        mm.follow(mirror, store, uri, every)
+        typer.echo(f"mirroring the runs to {uri} (ctrl-c stops; where it stopped: "
+                   f"{root / mr.CURSOR})")
+        _await_store(root, every)
+        with open_store(root, write=False) as store:
+            mm.follow(_mirror(root, store, client, uri), store, uri, every)
     except (KeyboardInterrupt, _Signalled) as e:
         with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
             typer.echo(f"mirror stopped{f' ({e})' if isinstance(e, _Signalled) else ''}")
