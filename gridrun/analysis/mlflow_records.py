@@ -126,10 +126,8 @@ def attempt_tags(summary: rec.Summary) -> dict[str, str]:
     """What its latest attempt ran with (gridrun.env.<field>), how many attempts it took,
     each one's record (gridrun.attempt_history, JSON: the newest that fit in a tag) and
     the changes of environment a resume could not keep (gridrun.env_changes)."""
-    # getattr while Summary gains these fields (train/loop/attempts.py writes them): a
-    # summary without them (an older run's) gives no attempt tags
-    attempts = [a for a in getattr(summary, "attempts", None) or () if isinstance(a, Mapping)]
-    if not attempts:
+    attempts = [a for a in summary.attempts if isinstance(a, Mapping)]
+    if not attempts:  # a run from before attempts were recorded
         return {}
     tags = {f"gridrun.env.{k}": _text(attempts[-1][k]) for k in ATTEMPT_FIELDS
             if attempts[-1].get(k) is not None}
@@ -140,7 +138,7 @@ def attempt_tags(summary: rec.Summary) -> dict[str, str]:
     tags["gridrun.attempt_history"] = text if history else ""
     tags["gridrun.env_changes"] = "; ".join(
         f"{c.get('field')} {c.get('from')} -> {c.get('to')} at step {c.get('step')}"
-        for c in getattr(summary, "environment_changes", None) or () if isinstance(c, Mapping))
+        for c in summary.environment_changes if isinstance(c, Mapping))
     return tags
 
 
