@@ -68,6 +68,24 @@ class Deadline:
         return f"{self.quiet_s:g} quiet s ({self.wall_s:.0f} s of wall time at this machine's load)"
 
 
+class QuietTime:
+    """The `time` module for code under test that budgets wall time (the loader probe):
+    its perf_counter and monotonic count quiet seconds, so a budget buys about the same
+    work on a busy machine as on an idle one."""
+
+    def __init__(self, share: Callable[[], float] = core_share) -> None:
+        self._elapsed = Deadline(float("inf"), share=share)
+
+    def perf_counter(self) -> float:
+        self._elapsed.passed()
+        return self._elapsed.spent_s
+
+    monotonic = perf_counter
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
 def wait_for(predicate: Callable[[], Any], quiet_s: float, interval: float = 0.05,
              what: Any = None) -> Any:
     """`predicate()` once it is true; an AssertionError naming `what` (or, when callable,

@@ -95,3 +95,14 @@ def test_a_child_past_its_bound_is_killed_with_what_it_printed(monkeypatch, tmp_
         proc.kill()
     assert proc.communicate()[0] == "started\n"  # nothing it printed was lost
     assert patience.wait(proc, 60) == -9
+
+
+def test_quiet_time_is_the_time_module_with_a_clock_in_quiet_seconds():
+    quiet = patience.QuietTime(share=lambda: 0.0)  # a machine so busy that nothing moves
+    start = quiet.perf_counter()
+    quiet.sleep(0.01)  # the rest is the time module's
+    assert quiet.perf_counter() == quiet.monotonic() == start == 0.0
+    idle = patience.QuietTime(share=lambda: 1.0)
+    first = idle.perf_counter()
+    quiet.sleep(0.01)
+    assert idle.perf_counter() >= first + 0.01  # an idle machine's quiet seconds are wall seconds
