@@ -246,7 +246,7 @@ def root(tmp_path):
 def test_a_frozen_engine_is_reported_as_not_responding(root, monkeypatch):
     st = daemon.start(root)
     wait_for(lambda: daemon.status(root).heartbeat_age is not None, timeout=30)
-    assert daemon.status(root).heartbeat_age < 5
+    assert daemon.status(root).responding  # by the engine's own rule, not a test's 5 s (issue 44)
     monkeypatch.setattr(daemon, "NOT_RESPONDING_AFTER", 2.0)
     os.kill(st.pid, signal.SIGSTOP)
     try:
