@@ -1,16 +1,21 @@
-"""CPU oversubscription, measured (not asserted): the same 4-run queue three ways.
+"""CPU oversubscription and the default threads, measured (not asserted): the same
+queue three ways.
 
-    python benchmarks/bench_threads.py [--repeat 2] [--workers 0 2]
+    python benchmarks/bench_threads.py [--repeat 2] [--workers 0 2] [--runs 4]
+
+`--runs 1` measures what the default costs a run alone (one thread, where every
+core was the default before issue 44).
 
 The queue: 4 seeds of one `shapes` cell (a small CNN with BatchNorm and seeded
 augmentation, where the thread count matters), through the real engine loop and
 its warm fork server, on this machine's CPU slots:
 
-  oversubscribed  2 slots, each run on every usable core (threads "auto"), every
-                  free slot filled: the engine before issue 23
-  auto, 1 at once 2 slots, threads "auto": the threads cap CPU runs at
-                  usable cores / threads (the default now)
-  threads=1 x 2   2 slots, threads = 1 in the file: two runs side by side
+  oversubscribed  2 slots, each run on every usable core, every free slot
+                  filled: the engine before issue 23
+  cores, 1 at once 2 slots, each run on every usable core: the threads cap CPU
+                  runs at usable cores / threads (the default before issue 44)
+  auto x 2        2 slots, threads "auto": one thread a run, two side by side
+                  (the default now)
 
 each with `num_workers` 0 and 2 (DataLoader worker processes, which multiply
 the processes competing for the cores). Figures: runs a minute (4 runs over
@@ -43,9 +48,9 @@ from gridrun.train.threads import usable_cores
 
 TASK_ARGS = {"train_size": 1024, "val_size": 256}
 CONFIGS = {  # name: (threads, thread_budget)
-    "oversubscribed": ("auto", False),
-    "auto, 1 at once": ("auto", True),
-    "threads=1 x 2": (1, True),
+    "oversubscribed": (usable_cores(), False),
+    "cores, 1 at once": (usable_cores(), True),
+    "auto x 2": ("auto", True),
 }
 
 
@@ -86,6 +91,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--runs", type=int, default=4, help="runs in the queue")
     args = parser.parse_args()
     cpu = cpu_model() or platform.processor()
     print(f"machine: {platform.node()}, {cpu}, {usable_cores()} usable cores, Python "
@@ -96,7 +102,7 @@ def main() -> None:
             for workers in args.workers:
                 for name, (threads, budget) in CONFIGS.items():
                     root = Path(tmp) / f"r{rep}-w{workers}-{name.replace(' ', '').replace(',', '')}"
-                    got = measure(root, queue("bench", threads, workers), budget)
+                    got = measure(root, queue("bench", threads, workers, args.runs), budget)
                     results.setdefault((workers, name), []).append(got)
                     print(f"  rep {rep} num_workers={workers} {name:<16} {got['wall']:6.1f} s  "
                           f"{got['runs_per_min']:5.2f} runs/min  {got['samples_per_s']:7.0f} "

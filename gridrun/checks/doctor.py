@@ -295,7 +295,7 @@ def check_environment() -> Check:
              "cudnn.benchmark off and CUBLAS_WORKSPACE_CONFIG=:4096:8",
              f"CPU {env['cpu_capability']} ({env['cpu'] or 'model unknown'}), BLAS "
              f"{env['blas'] or 'unknown'}, oneDNN {env['onednn'] or 'off'}; {env['cores']} usable "
-             f"core{'s' * (env['cores'] != 1)}: threads = \"auto\" is {env['cores']} for a CPU run, "
+             f"core{'s' * (env['cores'] != 1)}: threads = \"auto\" is 1 for a CPU run, "
              f"{min(GPU_THREADS, env['cores'])} for a GPU run"]
     return Check("environment", OK, "; ".join(parts))
 

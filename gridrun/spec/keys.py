@@ -17,7 +17,7 @@ from typing import Any
 from gridrun.spec import sources
 from gridrun.spec.errors import nearest, nearest_key, printable, toml_type
 
-GPU_THREADS = 4  # threads = "auto" on a GPU run: min(this, usable cores) (train/threads.py)
+GPU_THREADS = 4  # threads = "auto" on a GPU run: min(this, usable cores); a CPU run: 1 (train/threads.py)
 RESERVED = ("task", "grid", "zip", "ablations", "seeds", "search")  # the matrix's own keys, not run keys
 
 # Upper bounds a real run could use: far above any real run, far below what overflows
@@ -110,9 +110,10 @@ TRAINER_KEYS: dict[str, Key] = {k.name: k for k in [
     Key("early_stop_metric", "string", "", "validation metric for early stopping and best.pt "
         "(empty: the task's first metric; under a search's scheduler, its metric)"),
     Key("deterministic", "boolean", True, "deterministic algorithms (bitwise-reproducible on CUDA)"),
-    Key("threads", 'integer or "auto"', "auto", "CPU threads the run computes with (auto: the "
-        f"cores this process may use; a GPU run min({GPU_THREADS}, those)); recorded, and "
-        "verify replays with it", min=1, affects_results=False),
+    Key("threads", 'integer or "auto"', "auto", "CPU threads each process of the run computes "
+        f"with (auto: 1 on the CPU, on any machine and device count; a GPU run min({GPU_THREADS}, "
+        "the usable cores)); recorded, kept when the run resumes, and verify replays with it",
+        min=1, affects_results=False),
     Key("detect_anomaly", "boolean", False, "autograd anomaly detection (slow; for debugging)",
         affects_results=False),
     Key("drop_last", "boolean", True, "the training loader leaves out the last partial batch "
