@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gridrun.analysis.devices import devices_of, slot_gpus, trainer_of
+from gridrun.analysis.runlist import resumed_note
 from gridrun.checks import verdict
 from gridrun.checks.doctor import lost_queue_warning
 from gridrun.runs import layout, nofollow, runlog
@@ -284,6 +285,8 @@ class StoreSource(StoreTables):
             when = when if isinstance(when, int | float) and math.isfinite(when) else None
             shown = Verdict(found["ok"], verdict.describe(found, short=True), when)
         data = summary and summary.to_json()
+        if (resumed := resumed_note(data)):  # a resume could not keep what decides its bits
+            notes = (*notes, resumed)
         return RunDetail(config=run.spec.config, summary=data, error=run.error, notes=notes,
                          verdict=shown, where=run.where,
                          memory=run_memory(run.placement, run.adjustments, data))

@@ -169,3 +169,21 @@ def test_compare_by_source_over_run_folders(tmp_path):
     assert [r[0] for r in table.rows] == ["init", "order", "init+order", "all"]
     assert "(the others at the first seed)" in table.note
     assert "does not vary its sources" in src.compare_sources("plain").note
+
+
+@aio
+async def test_the_detail_says_a_run_was_resumed_in_another_environment(tmp_path):
+    s = spec(0)
+    change = {"field": "threads", "from": 2, "to": 1, "step": 6}
+    with Store(tmp_path) as store:
+        store.enqueue([s])
+        store.transition(s.id, "queued", "completed",
+                         summary={"status": "completed", "environment_changes": [change]})
+    src = StoreSource(tmp_path)
+    note = "resumed in another environment: threads 2 -> 1 at step 6"
+    assert note in src.detail(s.id).notes
+    app = GridrunApp(src)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.main.table.row_count == 1)
+        await pilot.press("enter")
+        await until(pilot, lambda: note in str(app.screen.query_one("#summary").render()))
