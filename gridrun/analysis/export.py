@@ -77,12 +77,12 @@ def write_frame(frame: pd.DataFrame, out: str | os.PathLike, *, force: bool = Fa
     frame = frame.copy()
     if out.suffix == ".parquet":
         _parquet_module()
-        for c in frame.select_dtypes(include="object").columns:  # Parquet's booleans stay
+        for c in [c for c in frame.columns if frame[c].dtype == object]:  # bool: Parquet's own
             frame[c] = frame[c].map(lambda v: None if v is None else str(spelled(v)))
         with atomic_file(out, force=force, binary=True) as f:
             frame.to_parquet(f, index=False)
     else:
-        for c in frame.select_dtypes(include=["object", "bool"]).columns:
+        for c in [c for c in frame.columns if frame[c].dtype in (object, bool)]:
             frame[c] = frame[c].map(spelled)  # JSON's spelling, as MLflow's params have it
         with atomic_file(out, force=force) as f:
             frame.to_csv(f, index=False)
