@@ -141,6 +141,24 @@ def test_runs_mirrored_before_roots_had_an_id_are_found_from_their_own_root_only
     assert difference(client, new, rows(new)) is None
 
 
+def test_a_store_rebuilt_with_another_root_id_goes_on_in_its_runs(tmp_path, server, client):
+    from gridrun.checks.rebuild import rebuild
+
+    spec = make_run(seed=0, experiment="rebuilt", threads=1)
+    root = tmp_path / "runs"
+    queued(root, [spec])
+    record_run(root, spec, [0.9, 0.7], "a" * 64)
+    mirror(root, server.uri)
+    before = root_id(root)
+    rebuild(root, force=True)  # a new store: another root id; its cursor remembers the first
+    assert root_id(root) != before
+    said = mirror(root, server.uri)
+    assert "0 new, 0 metric points" in said, said
+    (m,) = held(client, "rebuilt", spec.id)
+    assert m.data.tags["gridrun.root_id"] == root_id(root)  # tagged again, with the new id
+    assert difference(client, root, rows(root)) is None
+
+
 def test_a_resume_on_another_device_count_leaves_no_stale_value(tmp_path, server, client):
     two = make_run(seed=0, experiment="resumed", reduce="invariant", devices=2, accumulate=2,
                    threads=1)

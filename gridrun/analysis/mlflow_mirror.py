@@ -52,22 +52,23 @@ class _Skip(Exception):
 @dataclass(frozen=True)
 class Remote:
     """A run of this root MLflow holds: its id, the last step of each metric, its params'
-    keys, its tags of mr.OURS, and whether it was sent before runs carried their root."""
+    keys, its tags of mr.OURS, and whether it is tagged with no root (sent before runs
+    carried theirs) or with an earlier id of this root (before a rebuild of its store)."""
 
     id: str
     steps: dict[str, int]
     params: frozenset[str]
     deleted: bool
     tags: frozenset[str] = frozenset()
-    rootless: bool = False
+    retag: bool = False
 
     @classmethod
-    def of(cls, run: Any) -> Remote:
+    def of(cls, run: Any, root_id: str) -> Remote:
         # public: Run.to_proto() holds each metric's latest point, with its step
         return cls(run.info.run_id, {m.key: m.step for m in run.to_proto().data.metrics},
                    frozenset(run.data.params), run.info.lifecycle_stage == "deleted",
                    frozenset(k for k in run.data.tags if k.startswith(mr.OURS)),
-                   not run.data.tags.get(mr.ROOT_ID))
+                   run.data.tags.get(mr.ROOT_ID) != root_id)
 
 
 class Mirror:
@@ -192,19 +193,19 @@ class Mirror:
                 if rid and mr.owned(tags, run.info.run_id, self.mine,
                                     self.cursor.runs.get(rid, mr.Mirrored()).mlflow) and \
                         (rid not in remote or remote[rid].deleted):  # active first
-                    remote[rid] = Remote.of(run)
+                    remote[rid] = Remote.of(run, self.root_id)
                 elif tags.get(mr.ROLE) == mr.SEARCH_ROLE and sid and \
                         run.info.lifecycle_stage != "deleted" and \
                         mr.owned(tags, run.info.run_id, self.mine, named_parents.get(sid)):
                     self.cursor.parents[sid] = run.info.run_id
-                    if not tags.get(mr.ROOT_ID):  # sent before root tags: now this root's
+                    if tags.get(mr.ROOT_ID) != self.root_id:  # no root, or an earlier id
                         self._batch(run.info.run_id, tags=self._root_tags())
         for run_id, m in list(self.cursor.runs.items()):
             found = remote.get(run_id)
-            if found is None or found.id != m.mlflow or found.steps != m.last or found.rootless:
+            if found is None or found.id != m.mlflow or found.steps != m.last or found.retag:
                 # MLflow lost it, holds another, holds more or less than the cursor says, or
-                # holds it from before root tags: all of it is sent again (what MLflow has
-                # of it never twice), with its root
+                # holds it under no root or an earlier id of this root: all of it is sent
+                # again (what MLflow has of it never twice), with this root's id
                 self.cursor.runs[run_id] = self._entry(found)
                 self.dirty.add(run_id)
             else:
@@ -238,7 +239,7 @@ class Mirror:
     def _create(self, run: Any, m: mr.Mirrored, experiment: str) -> frozenset[str]:
         """Its MLflow run: the one tagged with its id and this root's, else a new one; the
         params it has."""
-        found = sorted((Remote.of(r) for r in self._search(
+        found = sorted((Remote.of(r, self.root_id) for r in self._search(
                             experiment, f"tags.`{mr.RUN_ID}` = '{run.id}'")
                         if mr.owned(r.data.tags, r.info.run_id, self.mine, None)),
                        key=lambda r: r.deleted)  # active first
