@@ -53,6 +53,10 @@ CASES = {
                    "bad_engine.toml:6:", 'expected "local" or "ray" or "slurm"',
                    "did you mean 'slurm'?",
                    "bad_engine.toml:7:", "did you mean 'gpus'?"],
+    "unbounded_engine": ["unbounded_engine.toml:5:", "engine.runs_per_gpu: expected an integer >= 1 "
+                         'and <= 64 or "auto", got 1000000000', 'write runs_per_gpu = "auto"',
+                         "unbounded_engine.toml:6:", "engine.cpu_slots: expected an integer >= 1 "
+                         "and <= 4,096, got 1000000000", "write cpu_slots ="],
     "many_problems": ["many_problems.toml:3:", "lr: expected a float > 0, got -1",
                       "many_problems.toml:6:", "did you mean 'optimizer'?",
                       "many_problems.toml:7:", "grid.batch_size", "got '64'",

@@ -205,7 +205,7 @@ def start(root: str | os.PathLike, config: Any = None, *, timeout: float = 30.0,
             if current.running:
                 proc = None
                 continue
-            raise RuntimeError(f"the engine exited at start (code {proc.returncode}): "
+            raise RuntimeError(f"{_exit_text(proc.returncode)}: "
                                f"{_start_error(root / LOG, log_from)}see {root / LOG}")
         if proc is None and not current.running:
             raise RuntimeError(f"the engine that was starting exited; see {root / LOG}")
@@ -217,6 +217,22 @@ def start(root: str | os.PathLike, config: Any = None, *, timeout: float = 30.0,
                                    "`gridrun engine stop` stops it")
             raise RuntimeError(f"the engine did not start within {timeout:.0f} s; see {root / LOG}")
         time.sleep(0.05)
+
+
+def _exit_text(code: int) -> str:
+    """How the engine ended at start: its exit code, or the signal that killed it, which
+    leaves nothing in its log (SIGKILL is what the kernel sends when memory runs out)."""
+    if code >= 0:
+        return f"the engine exited at start (code {code})"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    text = f"the engine was killed by {name} as it started"
+    if -code == signal.SIGKILL:
+        text += (" (out of memory? the kernel's out-of-memory killer sends SIGKILL; `dmesg` or "
+                 "`journalctl -k` says)")
+    return text
 
 
 def _start_error(log: Path, offset: int) -> str:
@@ -247,6 +263,9 @@ def stop(root: str | os.PathLike, *, timeout: float = 300.0, force: bool = False
 
 
 def engine_config(root: Path) -> Any:
+    """The [engine] table the last queued file gave, each count within its bound (a config
+    saved before the bounds is held to them, and the log says so)."""
+    from gridrun.engine.backends.slots import within_bounds
     from gridrun.runs.store import Store
     from gridrun.spec import EngineConfig
 
@@ -256,7 +275,7 @@ def engine_config(root: Path) -> Any:
         return EngineConfig.default()
     fields = {f.name for f in dataclasses.fields(EngineConfig)}
     saved = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in fields}
-    return EngineConfig(**saved)
+    return within_bounds(EngineConfig(**saved))
 
 
 def make_telemetry() -> Any:
@@ -276,6 +295,7 @@ def serve(root: Path, *, until_idle: bool = False, **engine_options: Any) -> int
     """The engine process itself (run by `start`, or in the foreground: `gridrun engine
     start --foreground`, with `until_idle` it returns once the queue is done)."""
     from gridrun.engine.backends.registry import BackendError, make_backend, slots_for_backend
+    from gridrun.engine.backends.slots import slot_names
     from gridrun.engine.scheduler import Engine
     from gridrun.runs.rundirs import lost_queue_warning
     from gridrun.runs.store import Store, StoreError
@@ -348,9 +368,11 @@ def serve(root: Path, *, until_idle: bool = False, **engine_options: Any) -> int
             with contextlib.suppress(Exception):
                 backend.close()
             return 2
-        write_pid(state="running", backend=config.backend, slots=[s.name for s in engine.slots])
+        # the count, not the names: engine.pid stays a page that status reads back whole
+        # (4,096 CPU slots' names are 40 kB)
+        write_pid(state="running", backend=config.backend, slots=len(engine.slots))
         log.info("engine %d started on %s, backend %s, slots %s", pid, root, config.backend,
-                 ", ".join(s.name for s in engine.slots) or "from the cluster")
+                 slot_names(engine.slots) or "from the cluster")
         engine.run(until_idle=until_idle)
     except StoreError as e:
         log.error("%s", e)  # the one line `start` reports

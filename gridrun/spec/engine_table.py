@@ -4,11 +4,12 @@ was expected and the nearest valid key."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from gridrun.spec.errors import toml_type
-from gridrun.spec.keys import suggest_key
+from gridrun.spec.keys import show_value, suggest_key
 from gridrun.spec.model import EngineConfig
 
 BACKENDS = ("local", "ray", "slurm")
@@ -31,6 +32,37 @@ SLURM_ARG = re.compile(r"^[a-z][a-z0-9-]*$")
 RESERVED_ARGS = ("output", "error", "array", "open-mode", "job-name")
 
 
+class Bound(NamedTuple):
+    most: int
+    why: str  # why no real machine or cluster needs more
+    instead: str  # what to write instead
+
+
+# Every count of the table has a bound: far beyond what a real machine or cluster needs,
+# small enough that what the engine builds from it (a slot per GPU x runs_per_gpu, per CPU
+# slot, per SLURM job) costs nothing. A count past it is a typo or a stray exponent:
+# `runs_per_gpu = 1000000000` made an engine build a billion slots (issue 45). Refused
+# when a file is read; an engine reading an older config uses the bound (`bounded`).
+BOUNDS = {
+    "runs_per_gpu": Bound(64, "each run on a GPU is a process with its own CUDA context, "
+                          "0.3 to 0.5 GiB before it computes", 'write runs_per_gpu = "auto" to pack '
+                          "as many as their measured memory fits, or the number you want"),
+    "cpu_slots": Bound(4096, "the largest single machines have about 2,000 hardware threads, and "
+                       "the runs' threads cap CPU runs at the usable cores anyway",
+                       "write cpu_slots = the number of CPU runs you want at once"),
+    "gpus_per_run": Bound(64, "a job's GPUs are one node's, and the largest nodes hold 8 to 16",
+                          "write gpus_per_run = the GPUs one run uses (a run on several devices "
+                          "asks for its devices itself)"),
+    "cpus_per_run": Bound(4096, "a job's CPUs are one node's, and the largest nodes have about "
+                          "2,000 hardware threads", "write cpus_per_run = the CPUs one run uses"),
+    "max_jobs": Bound(10_000, "SLURM's default MaxJobCount, the most jobs a whole cluster's queue holds",
+                      "write max_jobs = how many runs may be pending or running at once"),
+    "runs_per_job": Bound(10_000, "a job packs runs launched together, and no more than max_jobs "
+                          "(at most 10,000) are", "write runs_per_job = at most max_jobs"),
+}
+MAX_GPU = 255  # gpus: an index past any machine's (the largest hold 16 to 20 GPUs)
+
+
 def _int(value: Any, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
@@ -50,11 +82,13 @@ def engine_config(table: Any, c: Any) -> EngineConfig:
             fields[key] = _slurm_args(value, c, path)
         else:
             good, expected, suggestion = _check(key, value)
+            past = _past_bound(key, good) if expected is None else None
+            expected, advice = past if past else (expected, None)
             if expected is None:
                 fields[key] = good
             else:
-                c.add(f"expected {expected}, got {value!r}", *path, key=name,
-                      suggestion=suggestion)
+                c.add(f"expected {expected}, got {show_value(value)}" + (f": {advice}" if advice else ""),
+                      *path, key=name, suggestion=suggestion)
     return EngineConfig(**{k: v for k, v in fields.items() if v is not None})
 
 
@@ -105,6 +139,57 @@ def _check(key: str, value: Any) -> tuple[Any, str | None, str | None]:
     if isinstance(value, str) and NAME.match(value):
         return value, None, None
     return None, "a non-empty string of SLURM name characters", None
+
+
+def _past_bound(key: str, good: Any) -> tuple[str, str] | None:
+    """(what was expected, why and what to write instead) for a valid value past its bound."""
+    if key == "gpus" and good != "auto":
+        expected = f'"auto", [] or an array of GPU indices, each once, from 0 to {MAX_GPU}'
+        beyond = next((g for g in good if g > MAX_GPU), None)
+        if beyond is not None:
+            return expected, (f"no machine has a GPU {show_value(beyond)} (the largest hold 16 to "
+                              "20); write the indices nvidia-smi lists, e.g. gpus = [0, 1], or "
+                              'gpus = "auto" for every GPU')
+        twice = next((g for i, g in enumerate(good) if g in good[:i]), None)
+        if twice is not None:
+            return expected, (f"GPU {twice} is listed twice; list each GPU once (runs_per_gpu = 2 "
+                              "puts two runs on each)")
+    bound = BOUNDS.get(key)
+    if bound is None or good == "auto" or good <= bound.most:
+        return None
+    low = 0 if key == "gpus_per_run" else 1
+    auto = ' or "auto"' if key == "runs_per_gpu" else ""
+    return f"an integer >= {low} and <= {bound.most:,}{auto}", f"{bound.why}; {bound.instead}"
+
+
+def bounded(config: EngineConfig) -> tuple[EngineConfig, list[str]]:
+    """`config` with every count within its bound, and a line for each one changed: for an
+    engine that reads a config saved before the bounds (or written into the store by hand),
+    which must never build a billion slots. A count that is not one at all is the default."""
+    changed: dict[str, Any] = {}
+    notes = []
+    for key, bound in BOUNDS.items():
+        value = getattr(config, key)
+        if key == "runs_per_gpu" and value == "auto":
+            continue
+        low = 0 if key == "gpus_per_run" else 1
+        if not _int(value, low):
+            changed[key] = getattr(EngineConfig, key)
+            notes.append(f"[engine] {key} = {show_value(value)} is not an integer >= {low}: "
+                         f"using the default, {changed[key]}")
+        elif value > bound.most:
+            changed[key] = bound.most
+            notes.append(f"[engine] {key} = {value} is more than {bound.most} ({bound.why}): "
+                         f"using {bound.most}; set it in the file's [engine] and queue it again")
+    gpus = config.gpus
+    if gpus != "auto":
+        listed = tuple(gpus) if isinstance(gpus, list | tuple) else ()
+        kept = tuple(dict.fromkeys(g for g in listed if _int(g, 0) and g <= MAX_GPU))
+        if kept != listed or not isinstance(gpus, list | tuple):
+            changed["gpus"] = kept
+            notes.append(f"[engine] gpus = {show_value(gpus)} names GPUs twice, past {MAX_GPU} or "
+                         f"not at all: using {show_value(list(kept))}")
+    return dataclasses.replace(config, **changed), notes
 
 
 def _slurm_args(value: Any, c: Any, path: tuple[str, ...]) -> dict[str, Any] | None:
