@@ -16,6 +16,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import patience
 import pytest
 from search_kit import SMALL, decided_locally, drained, search_runs
 from test_engine_kit import TINY, make_run, metrics_without_timing, wait_for
@@ -40,7 +41,7 @@ def _cluster_answers() -> str | None:
     if shutil.which("sinfo") is None:
         return "no SLURM here (`sinfo` missing; scripts/slurm-cluster.sh start makes one)"
     try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=5)
+        out = patience.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=5)
     except subprocess.TimeoutExpired:
         return "no SLURM cluster answers (sinfo timed out)"
     if out.returncode or not any(s.strip("*~#") in ("idle", "mixed", "allocated")
@@ -206,8 +207,8 @@ def test_the_example_file_on_slurm_gives_the_local_metrics(cluster, tmp_path):
     assert [r.id for r in load_runs(locally)] == [r.id for r in runs]  # [engine] is no part of an id
     root = tmp_path / "slurm"
     try:
-        proc = subprocess.run([*GRIDRUN, "run", str(on_slurm), "--wait", "--no-check", "--root",
-                               str(root)], capture_output=True, text=True, timeout=800)
+        proc = patience.run([*GRIDRUN, "run", str(on_slurm), "--wait", "--no-check", "--root",
+                             str(root)], capture_output=True, text=True, timeout=800)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     finally:
         daemon.stop(root)
@@ -235,9 +236,9 @@ def test_a_root_the_nodes_cannot_see_stops_the_start(cluster, tmp_path):
             "from gridrun.spec import EngineConfig\n"
             f"backend = make_backend(EngineConfig(backend='slurm'), {str(root)!r})\n"
             "try:\n    backend.start()\nexcept RuntimeError as e:\n    print(e)\n")
-    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
-                           f"mount -t tmpfs -o mode=700 none {root} && exec \"$0\" -c \"$1\"",
-                           sys.executable, code], capture_output=True, text=True, timeout=120)
+    proc = patience.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                         f"mount -t tmpfs -o mode=700 none {root} && exec \"$0\" -c \"$1\"",
+                         sys.executable, code], capture_output=True, text=True, timeout=120)
     if "mount" in proc.stderr or "unshare" in proc.stderr:
         pytest.skip(f"cannot make a private mount here: {proc.stderr.strip()[:200]}")
     assert "is not shared with the SLURM node" in proc.stdout, proc.stdout + proc.stderr

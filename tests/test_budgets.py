@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import patience
 import pytest
 
 RETURNS_WITHIN = 60  # seconds, for a budget of 1: returned, however slow the machine
@@ -53,7 +54,7 @@ def run(args: list[str], cwd: Path, timeout: float = RETURNS_WITHIN) -> subproce
     proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = patience.communicate(proc, timeout)
     except subprocess.TimeoutExpired:
         pytest.fail(f"still running after {timeout} s: {' '.join(args[:4])} ...")
     finally:

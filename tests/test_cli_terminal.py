@@ -13,6 +13,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import patience
 import pytest
 from typer.testing import CliRunner
 
@@ -59,15 +60,15 @@ def stderr_on_a_terminal(args: list[str], cwd) -> tuple[int, str, str]:
             break
     os.close(master)
     out = proc.stdout.read()
-    return proc.wait(timeout=60), out, got.decode(errors="replace")
+    return patience.wait(proc, 60), out, got.decode(errors="replace")
 
 
 def test_the_task_check_says_what_it_does_on_a_terminal_only(small, tmp_path):
     code, out, terminal = stderr_on_a_terminal(["plan", "--check", str(small)], tmp_path)
     assert code == 0 and "task check passed" in out
     assert "importing torch and the tasks" in terminal and "checking the tasks" in terminal
-    piped = subprocess.run([sys.executable, "-m", "gridrun", "plan", "--check", str(small)],
-                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    piped = patience.run([sys.executable, "-m", "gridrun", "plan", "--check", str(small)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert piped.returncode == 0 and piped.stderr == ""
     assert "\x1b" not in piped.stdout
 
@@ -127,16 +128,16 @@ def test_a_root_others_can_read_is_used_with_one_warning_and_left_alone(tmp_path
     root.mkdir(mode=0o700)
     Store(root).close()  # a gridrun root: it holds its store (an empty folder gets no advice)
     os.chmod(root, 0o755)
-    done = subprocess.run([sys.executable, "-m", "gridrun", "ls", "--root", str(root)],
-                          capture_output=True, text=True, timeout=60)
+    done = patience.run([sys.executable, "-m", "gridrun", "ls", "--root", str(root)],
+                        capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "no runs"
     assert done.stderr.splitlines() == [
         f"warning: the runs root {root} is readable by group or others (mode 0755); "
         f"make it private with `chmod 700 {root}`"]
     assert stat.S_IMODE(os.stat(root).st_mode) == 0o755  # never changed behind the user's back
     os.chmod(root, 0o700)
-    quiet = subprocess.run([sys.executable, "-m", "gridrun", "ls", "--root", str(root)],
-                           capture_output=True, text=True, timeout=60)
+    quiet = patience.run([sys.executable, "-m", "gridrun", "ls", "--root", str(root)],
+                         capture_output=True, text=True, timeout=60)
     assert quiet.returncode == 0 and quiet.stderr == ""
 
 
@@ -146,16 +147,16 @@ def test_ls_on_a_terminal_cuts_each_line_at_its_width(small, tmp_path):
     queued = CliRunner().invoke(app, ["queue", str(small), "--no-check", "--root",
                                       str(tmp_path / "runs")])
     assert queued.exit_code == 0, queued.output
-    piped = subprocess.run([sys.executable, "-m", "gridrun", "ls", "--root", "runs"],
-                           capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    piped = patience.run([sys.executable, "-m", "gridrun", "ls", "--root", "runs"],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=60)
     whole = piped.stdout.splitlines()
     assert len(whole) == 3 and whole[0].split() == ["ID", "STATUS", "EXPERIMENT", "VARIANT",
                                                     "SEED", "BEST", "NOTE"]
     assert max(map(len, whole)) > 40
     master, slave = pty.openpty()
-    proc = subprocess.run([sys.executable, "-m", "gridrun", "ls", "--root", "runs"], cwd=tmp_path,
-                          stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "COLUMNS": "40"}, timeout=60)
+    proc = patience.run([sys.executable, "-m", "gridrun", "ls", "--root", "runs"], cwd=tmp_path,
+                        stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                        env={**os.environ, "COLUMNS": "40"}, timeout=60)
     os.close(slave)
     got = b""
     while select.select([master], [], [], 0.2)[0]:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import patience
 import pytest
 from test_engine_kit import (
     finished,
@@ -47,8 +48,8 @@ def test_start_status_stop_and_one_engine_per_root(root):
     st = daemon.start(root)
     assert st.running and st.pid != os.getpid()
     assert daemon.start(root).pid == st.pid  # already running: the same engine
-    second = subprocess.run([sys.executable, "-m", "gridrun.engine.daemon", str(root.resolve())],
-                            capture_output=True, text=True, timeout=60)
+    second = patience.run([sys.executable, "-m", "gridrun.engine.daemon", str(root.resolve())],
+                          capture_output=True, text=True, timeout=60)
     assert second.returncode == 1 and "already runs" in second.stderr
     assert os.getsid(st.pid) == st.pid  # its own session: a closed terminal does not reach it
     assert json.loads((root / "engine.pid").read_text())["pid"] == st.pid
@@ -128,14 +129,15 @@ sys.exit(daemon.serve(Path(sys.argv[1])))
 
 def test_an_engine_starting_its_backend_is_visible_and_stoppable(root):
     root.mkdir(mode=0o700)
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_BACKEND, str(root), "30"],
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_BACKEND, str(root), "300"],
                             start_new_session=True, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: daemon.status(root).running, timeout=30)
         st = daemon.status(root)
         assert st.starting and st.pid == proc.pid
         assert daemon.stop(root, timeout=10)  # no need to wait for the backend to answer
-        assert proc.wait(10) == 0 and not (root / "engine.pid").exists()
+        # 10 quiet s, far below the backend's 300 s start: the engine did not wait for it
+        assert patience.wait(proc, 10) == 0 and not (root / "engine.pid").exists()
     finally:
         kill_quietly(proc.pid)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import signal
 
+import patience
 import pytest
 import torch
 from test_resume import (
@@ -110,7 +111,7 @@ def test_mid_epoch_stop_with_workers_resumes_exactly(tmp_path, how):
         proc.wait()
     else:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == states.EXIT_CODES[states.INTERRUPTED]
+        assert patience.wait(proc, 30) == states.EXIT_CODES[states.INTERRUPTED]
         step = checkpoint.load(stopped / layout.CHECKPOINTS / "last.pt")["step"]
     assert step % 16, "the stop must land mid-epoch (16 steps an epoch)"
     summary = train(run, stopped, log=lambda s: None)

@@ -7,11 +7,11 @@ training code, and refuses a wrong input with what was expected."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import patience
 import pytest
 import torch
 from test_deploy import TINY, invoke, make_run
@@ -207,7 +207,7 @@ def test_predict_imports_no_task_and_no_training_code(root, exports, tmp_path):
         f"try:\n    app(['predict', {str(out)!r}, {str(png)!r}])\n"
         "except SystemExit as e:\n    code = e.code\n"
         "print(json.dumps({'code': code, 'modules': sorted(sys.modules)}))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done = patience.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["code"] in (0, None), done.stdout + done.stderr
     assert "square" in done.stdout and "disc" in done.stdout

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import patience
 import psutil
 import pytest
 from typer.testing import CliRunner
@@ -73,8 +74,8 @@ def finished(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("finished")
     (base / "tiny.toml").write_text(TINY)
     root = base / "runs"
-    done = subprocess.run([sys.executable, "-m", "gridrun", "run", "--no-check", str(base / "tiny.toml"), "--wait",
-                           "--root", str(root)], capture_output=True, text=True, timeout=300)
+    done = patience.run([sys.executable, "-m", "gridrun", "run", "--no-check", str(base / "tiny.toml"), "--wait",
+                         "--root", str(root)], capture_output=True, text=True, timeout=300)
     pid = daemon.status(root).pid
     daemon.stop(root)
     with contextlib.suppress(psutil.NoSuchProcess):
@@ -159,7 +160,7 @@ def test_wal_deleted_under_a_live_writer_is_one_line(tmp_path, file, args):
             f"{root}` writes its copy back, then try again; if it persists, `gridrun doctor "
             f"--rebuild --root {root}` moves it aside and rebuilds the queue from the run folders"]
     finally:
-        holder.communicate("\n", timeout=30)  # a clean close: the writer checkpoints its WAL
+        patience.communicate(holder, 30, "\n")  # a clean close: the writer checkpoints its WAL
     runs = Store(root).list_runs()
     assert len(runs) == 6 and {r.priority for r in runs} == {5}  # nothing written was lost
     assert sum(r.status == states.CANCELLED for r in runs) == 1
@@ -372,7 +373,7 @@ def test_doctor_fails_a_lock_held_with_no_engine(copy):
         code, out = gridrun("doctor", "--rebuild", "--force", "--root", str(copy))
         assert code == 2 and "engine.lock is held" in out
     finally:
-        holder.communicate("\n", timeout=30)
+        patience.communicate(holder, 30, "\n")
 
 
 def test_doctor_reads_the_heartbeat(copy):

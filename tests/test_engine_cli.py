@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import patience
 import pytest
 from typer.testing import CliRunner
 
@@ -108,7 +109,7 @@ def test_two_clis_queue_the_same_file_at_once(root, tiny):
     env = {**os.environ, "GRIDRUN_ROOT": str(root)}
     procs = [subprocess.Popen([sys.executable, "-m", "gridrun", "queue", str(tiny)], env=env,
                               stdout=subprocess.PIPE, text=True) for _ in range(2)]
-    outs = [p.communicate(timeout=60)[0] for p in procs]
+    outs = [patience.communicate(p, 60)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs)
     queued = sum(int(re.search(r"queued (\d+)", o).group(1)) for o in outs)
     assert queued == 4 and len(Store(root).list_runs()) == 4
@@ -122,8 +123,8 @@ def test_run_wait_trains_the_file_and_says_where_results_are(tmp_path, root):
     ok = tmp_path / "ok.toml"
     ok.write_text(TINY.format(extra=""))
     env = {**os.environ, "GRIDRUN_ROOT": str(root)}
-    done = subprocess.run([sys.executable, "-m", "gridrun", "run", str(ok), "--wait"], env=env,
-                          capture_output=True, text=True, timeout=240)
+    done = patience.run([sys.executable, "-m", "gridrun", "run", str(ok), "--wait"], env=env,
+                        capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "4/4 ended" in done.stdout and f"results: {root / 'tiny'}" in done.stdout
     assert {r.status for r in Store(root).list_runs()} == {states.COMPLETED}
@@ -133,8 +134,8 @@ def test_run_wait_trains_the_file_and_says_where_results_are(tmp_path, root):
     assert code == 0 and "train step" in out
 
     # --no-check: the task check would refuse a task that crashes on its first batch
-    failing = subprocess.run([sys.executable, "-m", "gridrun", "run", str(spec), "--wait", "--no-check"],
-                             env=env, capture_output=True, text=True, timeout=240)
+    failing = patience.run([sys.executable, "-m", "gridrun", "run", str(spec), "--wait", "--no-check"],
+                           env=env, capture_output=True, text=True, timeout=240)
     assert failing.returncode == 1, failing.stdout + failing.stderr
     assert "skipped 4" in failing.stdout and "2 failed" in failing.stdout
     code, out = gridrun("engine", "stop", "--root", str(root))

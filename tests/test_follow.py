@@ -7,11 +7,11 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import subprocess
 import sys
 import time
 from types import SimpleNamespace
 
+import patience
 import pytest
 from rich.console import Console
 
@@ -159,13 +159,13 @@ def test_gridrun_run_at_80_columns_shows_loss_best_and_eta(tmp_path):
     env = "env -u COLUMNS -u LINES -u NO_COLOR"
     command = f"{env} {sys.executable} -m gridrun run {spec} --root {root}; sleep 30"
     tmux = ["tmux", "-f", "/dev/null", "-S", str(sock)]
-    subprocess.run([*tmux, "new-session", "-d", "-s", "g", "-x", "80", "-y", "24", command],
-                   check=True, timeout=30)
+    patience.run([*tmux, "new-session", "-d", "-s", "g", "-x", "80", "-y", "24", command],
+                 check=True, timeout=30)
     try:
         deadline, screen = time.monotonic() + 120, ""
         while time.monotonic() < deadline:
-            screen = subprocess.run([*tmux, "capture-pane", "-p", "-t", "g"], capture_output=True,
-                                    text=True, timeout=30).stdout
+            screen = patience.run([*tmux, "capture-pane", "-p", "-t", "g"], capture_output=True,
+                                  text=True, timeout=30).stdout
             bars = [line for line in screen.splitlines() if "━" in line]
             if bars and all("eta" in line and "0:" in line.split("eta")[1] for line in bars):
                 break
@@ -177,7 +177,7 @@ def test_gridrun_run_at_80_columns_shows_loss_best_and_eta(tmp_path):
             assert len(line.rstrip()) <= 80
         assert "ended ·" in screen and "running" in screen
     finally:
-        subprocess.run([*tmux, "kill-server"], timeout=30)
+        patience.run([*tmux, "kill-server"], timeout=30)
         daemon.stop(root, force=True)
 
 
@@ -188,9 +188,9 @@ def test_piped_it_writes_one_plain_line_per_event(tmp_path):
     spec, root = tmp_path / "tiny.toml", tmp_path / "runs"
     spec.write_text(TINY.format(epochs=1))
     try:
-        done = subprocess.run([sys.executable, "-m", "gridrun", "run", str(spec), "--root", str(root)],
-                              capture_output=True, text=True, timeout=240,
-                              env={**os.environ, "COLUMNS": "80"})
+        done = patience.run([sys.executable, "-m", "gridrun", "run", str(spec), "--root", str(root)],
+                            capture_output=True, text=True, timeout=240,
+                            env={**os.environ, "COLUMNS": "80"})
     finally:
         daemon.stop(root, force=True)
     assert done.returncode == 0, done.stdout + done.stderr

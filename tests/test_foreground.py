@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 
+import patience
 import pytest
 from test_engine_kit import engine_for, kill_quietly, slow_run, wait_for
 from typer.testing import CliRunner
@@ -238,7 +239,7 @@ def test_a_foreground_run_is_live_in_ls_and_the_engine_never_launches_it(tmp_pat
         assert proc.poll() is None, "trained too fast for the test to mean anything"
         r = listed(root)[run_id]
         assert (r["status"], r["slot"], r["pid"]) == (states.RUNNING, FOREGROUND, proc.pid)
-        assert proc.wait(120) == 0, proc.stdout.read()
+        assert patience.wait(proc, 120) == 0, proc.stdout.read()
     finally:
         kill_quietly(proc.pid)
         daemon.stop(root)
@@ -255,7 +256,7 @@ def test_a_sigkilled_train_is_taken_over_by_the_next_train(tmp_path, root):
     try:
         wait_for(lambda: checkpointed(root, run_id), timeout=60)
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        patience.wait(proc, 10)  # a SIGKILLed process, reaped
     finally:
         kill_quietly(proc.pid)
     r = listed(root)[run_id]  # `ls` looked: not `running` on a dead process
@@ -275,7 +276,7 @@ def test_a_sigkilled_train_is_resumed_by_the_engine(tmp_path, root):
     try:
         wait_for(lambda: checkpointed(root, run_id), timeout=60)
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        patience.wait(proc, 10)  # a SIGKILLed process, reaped
         daemon.start(root)
         with Store(root) as store:
             wait_for(lambda: store.list_runs(ids=[run_id])[0].status in states.FINISHED,
@@ -294,7 +295,7 @@ def test_a_foreground_train_writes_output_log_and_still_prints(tmp_path, root):
     file, run_id = experiment(tmp_path, sleep=0, epochs=1)
     proc = train(file, root)
     try:
-        printed, _ = proc.communicate(timeout=120)
+        printed, _ = patience.communicate(proc, 120)
     finally:
         kill_quietly(proc.pid)
     assert proc.returncode == 0, printed
@@ -353,7 +354,7 @@ def test_a_train_blocked_in_a_read_answers_sigterm_and_sigint(tmp_path, root, si
     try:
         wait_for(marker.exists, timeout=60)
         os.kill(proc.pid, sig)
-        printed, _ = proc.communicate(timeout=60)  # it answered, however slow the machine
+        printed, _ = patience.communicate(proc, 60)  # it answered, however slow the machine
         assert session(proc.pid) == [], "a process of the stopped run is left"
     finally:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -18,6 +18,7 @@ import sys
 import time
 import types
 
+import patience
 import pytest
 from test_engine_kit import make_run, slow_run, wait_for
 from test_telemetry import fake_nvml
@@ -59,7 +60,7 @@ def colleague():
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+        patience.wait(proc, 60)
 
 
 class Lists(dict):
@@ -172,7 +173,7 @@ def test_a_runs_own_children_are_not_foreign():
         assert foreign.owner(child, {1_000_000_000}) is False  # nobody's run: foreign
         assert foreign.owner(999_999_999, {parent.pid}) is None  # cannot be seen here
     finally:
-        parent.communicate("", timeout=60)
+        patience.communicate(parent, 60, "")
 
 
 def test_what_takes_a_gpu():

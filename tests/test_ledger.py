@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
+import patience
 import psutil
 import pytest
 
@@ -76,7 +77,7 @@ def dead_process() -> tuple[int, float]:
                             stdin=subprocess.PIPE)
     start = psutil.Process(proc.pid).create_time()
     proc.stdin.close()
-    assert proc.wait(timeout=120) == 0
+    assert patience.wait(proc, 120) == 0
     return proc.pid, start
 
 
@@ -186,7 +187,7 @@ def nobodys_process():
         yield proc.pid, psutil.Process(proc.pid).create_time()
     finally:
         proc.kill()
-        proc.wait(timeout=60)
+        patience.wait(proc, 60)
 
 
 @needs_root
@@ -254,7 +255,8 @@ def test_a_folder_that_disappears_gives_warnings_not_errors(folder, caplog):
         assert ledger.others() == []
         ledger.close()
     assert [r.getMessage() for r in caplog.records] == [
-        f"the GPU ledger {folder} cannot be written: No such file or directory"]
+        f"the GPU ledger {folder} cannot be written (No such file or directory): the folder "
+        "was removed; it is made again at the next step"]
 
 
 # -- the folder ---------------------------------------------------------------
@@ -356,7 +358,7 @@ def test_the_lock_excludes_another_process_until_it_lets_go(folder):
             assert not got
     finally:
         holder.stdin.close()
-        assert holder.wait(timeout=120) == 0
+        assert patience.wait(holder, 120) == 0
     with ours.held() as got:
         assert got and ours.others() == []  # the holder's entry went with it
 

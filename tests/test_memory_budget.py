@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import patience
 import pytest
 import torch
 from test_engine_kit import make_run, prepare
@@ -80,8 +81,8 @@ def work(root: Path, run, budget: int | None) -> tuple[int, dict, str]:
     if budget is not None:
         env[ENV] = str(budget)
     with open(run_dir / layout.OUTPUT, "ab") as out:
-        code = subprocess.run([sys.executable, "-m", "gridrun.train.worker", str(run_dir)],
-                              stdout=out, stderr=subprocess.STDOUT, env=env, timeout=300).returncode
+        code = patience.run([sys.executable, "-m", "gridrun.train.worker", str(run_dir)],
+                            stdout=out, stderr=subprocess.STDOUT, env=env, timeout=300).returncode
     summary = json.loads((run_dir / layout.SUMMARY).read_text())
     return code, summary, (run_dir / layout.OUTPUT).read_text()
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import patience
 import pytest
 from test_engine_kit import make_run, prepare, wait_exit
 from typer.testing import CliRunner
@@ -68,7 +69,7 @@ def feed(path, chunks, **caps):
     for chunk in chunks:
         proc.stdin.write(chunk)
     proc.stdin.close()
-    assert proc.wait(60) == 0
+    assert patience.wait(proc, 60) == 0
 
 
 def numbered(n, start=0):
@@ -177,7 +178,7 @@ def test_teed_keeps_stdout_and_stderr_apart_and_writes_both_to_the_log(tmp_path)
               "    print('to stdout')\n    print('to stderr', file=sys.stderr)\n"
               "    os.system('echo from a child')\n"
               "print('after')\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    done = patience.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["to stdout", "from a child", "after"]
     assert done.stderr.splitlines() == ["to stderr"]

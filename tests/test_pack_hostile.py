@@ -13,12 +13,12 @@ import select
 import shutil
 import signal
 import stat
-import subprocess
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
+import patience
 import pytest
 from data_helpers import Samples, gridrun_child, make_images, meta_of, set_meta, train_child
 from hypothesis import HealthCheck, given, settings
@@ -323,8 +323,8 @@ def test_pack_imports_a_dataset_from_the_current_folder_as_train_does(tmp_path):
     if not script.exists():
         pytest.skip("no gridrun console script beside this Python")
     (tmp_path / "cwd_rows.py").write_text(DATASET.replace("i == 17", "i == -1"))
-    done = subprocess.run([str(script), "pack", "cwd_rows:rows", "-o", "rows.lmdb"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    done = patience.run([str(script), "pack", "cwd_rows:rows", "-o", "rows.lmdb"],
+                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert PackedDataset(tmp_path / "rows.lmdb").class_names == ["a", "b", "c"]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
+import patience
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -109,8 +109,8 @@ def run_isolated(script) -> tuple[list[str], set[str]]:
     code = ("import runpy, sys\nsys.argv = [sys.argv[1]]\n"
             "runpy.run_path(sys.argv[0], run_name='__main__')\n"
             "print('MODULES', ' '.join(m for m in sys.modules if m.split('.')[0] == 'gridrun'))")
-    done = subprocess.run([sys.executable, "-c", code, str(script)], capture_output=True,
-                          text=True, timeout=300, env={**os.environ})
+    done = patience.run([sys.executable, "-c", code, str(script)], capture_output=True,
+                        text=True, timeout=300, env={**os.environ})
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     return lines[:-1], set(lines[-1].split()[1:])

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import patience
 import pytest
 import torch
 
@@ -113,7 +114,7 @@ def test_sigterm_checkpoints_and_exits_interrupted_then_resumes(tmp_path):
     proc = start_worker(stopped)
     wait_for_checkpoint(proc, stopped, 4)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == states.EXIT_CODES[states.INTERRUPTED]
+    assert patience.wait(proc, 30) == states.EXIT_CODES[states.INTERRUPTED]
     import json
 
     summary = json.loads((stopped / layout.SUMMARY).read_text())

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import patience
 import pytest
 
 from gridrun import spec
@@ -134,8 +135,8 @@ def test_which_clones_need_the_task():
 
 def _python(code: str, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=120, **kw)
+    return patience.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                        cwd=REPO, timeout=120, **kw)
 
 
 def test_a_trainer_key_clone_never_imports_torch(run):
@@ -153,10 +154,10 @@ def test_a_trainer_key_clone_never_imports_torch(run):
 
 def test_the_derive_subprocess_answers_in_json(run):
     def ask(overrides: str) -> tuple[int, dict]:
-        done = subprocess.run([sys.executable, "-m", "gridrun.spec", "derive"],
-                              input=json.dumps({"run": run.to_dict(), "overrides": overrides}),
-                              capture_output=True, text=True, cwd=REPO, timeout=120,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        done = patience.run([sys.executable, "-m", "gridrun.spec", "derive"],
+                            input=json.dumps({"run": run.to_dict(), "overrides": overrides}),
+                            capture_output=True, text=True, cwd=REPO, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
         return done.returncode, json.loads(done.stdout)
 
     code, answer = ask("hidden=big")

@@ -7,6 +7,7 @@ import re
 import sqlite3
 import stat
 
+import patience
 import pytest
 from test_engine_kit import make_run
 
@@ -188,7 +189,7 @@ def test_two_clients_at_once_keep_the_store_consistent(tmp_path):
     with Store(root) as s:  # meanwhile an "engine" takes runs with guarded updates
         taken = [r.id for r in s.list_runs() if s.transition(r.id, states.QUEUED, states.RUNNING)]
     for p in procs:
-        p.join(60)
+        patience.wait_for(lambda p=p: not p.is_alive(), 60, what=f"hammering process {p.pid} to end")
         assert p.exitcode == 0
     with Store(root) as s:
         rows = s.list_runs()
@@ -217,7 +218,7 @@ def test_many_processes_open_and_close_a_new_store_at_once(tmp_path):
         for p in procs:
             p.start()
         for p in procs:
-            p.join(60)
+            patience.wait_for(lambda p=p: not p.is_alive(), 60, what=f"process {p.pid} to end")
         assert [p.exitcode for p in procs] == [0] * 4
         with Store(root) as s:
             assert s.list_runs() == []

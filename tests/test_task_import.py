@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import patience
 import pytest
 
 from gridrun import tasks
@@ -125,8 +126,8 @@ def console_script() -> Path:
             continue
         shebang = script.read_text(errors="replace").splitlines()[0]
         python = shebang[2:].strip().split()[0] if shebang.startswith("#!") else sys.executable
-        out = subprocess.run([python, "-c", "import gridrun; print(gridrun.__file__)"],
-                             capture_output=True, text=True, cwd="/", env=clean_env(), timeout=120)
+        out = patience.run([python, "-c", "import gridrun; print(gridrun.__file__)"],
+                           capture_output=True, text=True, cwd="/", env=clean_env(), timeout=120)
         where = Path(out.stdout.strip()).resolve().parents[1] if out.returncode == 0 else None
         if where == checkout:
             return script
@@ -139,8 +140,8 @@ def clean_env() -> dict[str, str]:
 
 
 def gridrun(script: Path, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([str(script), *args], cwd=cwd, env=clean_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return patience.run([str(script), *args], cwd=cwd, env=clean_env(), capture_output=True,
+                        text=True, timeout=timeout)
 
 
 def test_the_console_script_plans_trains_and_queues_a_package_in_the_current_directory(tmp_path):

@@ -3,9 +3,9 @@ on the path of `gridrun compare` (scipy.special alone costs ~160 ms to import)."
 
 import math
 import random
-import subprocess
 import sys
 
+import patience
 import pytest
 from scipy import special
 
@@ -40,5 +40,5 @@ def test_compare_imports_no_pandas_numpy_or_scipy(tmp_path):
             f"sys.argv = ['gridrun', '--root', {str(tmp_path)!r}, 'compare']\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
             "print(sorted(m for m in ('pandas', 'numpy', 'scipy') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = patience.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

@@ -15,6 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import patience
 import pytest
 from typer.testing import CliRunner
 
@@ -234,7 +235,7 @@ def test_it_starts_tensorboard_on_the_events(root, tmp_path):
     finally:
         if proc is not None:
             os.killpg(proc.pid, signal.SIGINT)  # ctrl-c: gridrun stops TensorBoard and exits
-            assert proc.wait(timeout=30) == 0
+            assert patience.wait(proc, 30) == 0
 
 
 @pytest.mark.slow
@@ -250,7 +251,7 @@ def test_sigterm_or_sighup_stops_tensorboard_and_its_children(root, tmp_path, si
         below = descendants(proc.pid)
         assert below, "TensorBoard is not running under gridrun"
         os.kill(proc.pid, sig)
-        proc.wait(timeout=30)
+        patience.wait(proc, 30)
         deadline = time.monotonic() + 15
         while alive(below) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -270,9 +271,9 @@ def test_sigterm_or_sighup_stops_tensorboard_and_its_children(root, tmp_path, si
 
 def gridrun_tensorboard(root: Path, logdir: Path, *args: str) -> subprocess.CompletedProcess:
     """The command as users run it: its own process, so what a thread of it prints shows."""
-    return subprocess.run([sys.executable, "-m", "gridrun", "tensorboard", "--no-serve", "--root",
-                           str(root), "--logdir", str(logdir), *args], capture_output=True,
-                          text=True, timeout=120)
+    return patience.run([sys.executable, "-m", "gridrun", "tensorboard", "--no-serve", "--root",
+                         str(root), "--logdir", str(logdir), *args], capture_output=True,
+                        text=True, timeout=120)
 
 
 def test_a_logdir_in_a_system_folder_is_refused_in_one_line(root):

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import patience
 import pytest
 import torch
 
@@ -68,7 +69,7 @@ def gridrun(*args: str, cwd: Path, env: dict[str, str] | None = None,
             affinity: set[int] | None = None) -> subprocess.CompletedProcess:
     """`python -m gridrun ARGS` with `env` as its only thread settings."""
     base = {k: v for k, v in os.environ.items() if k not in threads.ENV}
-    return subprocess.run(
+    return patience.run(
         [sys.executable, "-m", "gridrun", *args], cwd=cwd, capture_output=True, text=True,
         env={**base, **(env or {})}, timeout=600,
         preexec_fn=(lambda: os.sched_setaffinity(0, affinity)) if affinity else None)

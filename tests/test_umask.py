@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 
+import patience
 from test_engine_kit import kill_quietly
 
 from gridrun.engine import daemon
@@ -34,8 +35,8 @@ cpu_slots = 2
 
 
 def gridrun(*args, umask: int = 0o002, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gridrun", *args], capture_output=True, text=True,
-                          timeout=300, preexec_fn=lambda: os.umask(umask), cwd=cwd)
+    return patience.run([sys.executable, "-m", "gridrun", *args], capture_output=True, text=True,
+                        timeout=300, preexec_fn=lambda: os.umask(umask), cwd=cwd)
 
 
 def test_the_engine_runs_and_reruns_under_umask_002(tmp_path):

@@ -1,12 +1,13 @@
 """The two halves stay apart: the interface never imports torch, the engine never Textual."""
 
-import subprocess
 import sys
+
+import patience
 
 
 def imported(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys\nprint(' '.join(sys.modules))"],
-                         capture_output=True, text=True, check=True, timeout=120)
+    out = patience.run([sys.executable, "-c", f"{code}\nimport sys\nprint(' '.join(sys.modules))"],
+                       capture_output=True, text=True, check=True, timeout=120)
     return set(out.stdout.split())
 
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import patience
 import pytest
 
 from gridrun.engine import daemon
@@ -53,8 +54,8 @@ class Terminal:
 
     def tmux(self, *args: str) -> subprocess.CompletedProcess:
         # -f /dev/null: the user's ~/.tmux.conf (default-terminal, ...) must not change the test
-        return subprocess.run(["tmux", "-f", "/dev/null", "-S", str(self.socket), *args],
-                              capture_output=True, text=True, timeout=30)
+        return patience.run(["tmux", "-f", "/dev/null", "-S", str(self.socket), *args],
+                            capture_output=True, text=True, timeout=30)
 
     def screen(self, escapes: bool = False) -> str:
         return self.tmux("capture-pane", "-p", *(["-e"] if escapes else []), "-t", "gridrun").stdout
