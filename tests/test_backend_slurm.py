@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import patience
@@ -75,9 +74,9 @@ def slurm(root: Path, **config) -> tuple:
 
 
 def drain(engine: Engine, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = patience.Deadline(timeout)
     while not engine.idle():
-        assert time.monotonic() < deadline, "the queue did not drain"
+        assert not deadline.passed(), "the queue did not drain"
         engine.step()
 
 

@@ -162,8 +162,8 @@ def test_gridrun_run_at_80_columns_shows_loss_best_and_eta(tmp_path):
     patience.run([*tmux, "new-session", "-d", "-s", "g", "-x", "80", "-y", "24", command],
                  check=True, timeout=30)
     try:
-        deadline, screen = time.monotonic() + 120, ""
-        while time.monotonic() < deadline:
+        deadline, screen = patience.Deadline(120), ""
+        while not deadline.passed():
             screen = patience.run([*tmux, "capture-pane", "-p", "-t", "g"], capture_output=True,
                                   text=True, timeout=30).stdout
             bars = [line for line in screen.splitlines() if "━" in line]

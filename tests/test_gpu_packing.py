@@ -20,6 +20,7 @@ import threading
 import time
 import types
 
+import patience
 import pytest
 from test_engine_kit import finished, make_run, summary
 from test_memory_budget import USER_TASK
@@ -162,9 +163,9 @@ def drive(engine: Engine, ids: list[str], errors: list[BaseException], timeout: 
     """The engine's loop until every run of `ids` has ended (a thread's target)."""
     try:
         engine.start()
-        deadline = time.monotonic() + timeout
+        deadline = patience.Deadline(timeout)
         while not finished(engine.store, ids):
-            assert time.monotonic() < deadline, "the queue did not finish"
+            assert not deadline.passed(), "the queue did not finish"
             engine.step(0.05)
     except BaseException as e:  # the test's thread re-raises it
         errors.append(e)
@@ -287,9 +288,9 @@ def max_overlap(events, ids) -> int:
 
 def drive_plain(engine: Engine, ids: list[str]) -> None:
     engine.start()
-    deadline = time.monotonic() + 420
+    deadline = patience.Deadline(420)
     while not finished(engine.store, ids):
-        assert time.monotonic() < deadline, "the queue did not finish"
+        assert not deadline.passed(), "the queue did not finish"
         engine.step(0.05)
     engine.backend.close()
 

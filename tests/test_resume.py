@@ -44,8 +44,8 @@ def start_worker(run_dir: Path) -> subprocess.Popen:
 
 def wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, min_step: int, timeout=60.0) -> int:
     path = run_dir / layout.CHECKPOINTS / "last.pt"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    deadline = patience.Deadline(timeout)
+    while not deadline.passed():
         if proc.poll() is not None:
             pytest.fail(f"worker ended early ({proc.returncode}): {proc.stderr.read().decode()}")
         if path.exists():

@@ -162,8 +162,8 @@ def test_the_console_script_plans_trains_and_queues_a_package_in_the_current_dir
     started = gridrun(script, "engine", "start", "--root", "bg", cwd=tmp_path)
     assert started.returncode == 0, started.stderr
     try:
-        deadline, status = time.monotonic() + 240, None
-        while time.monotonic() < deadline:
+        deadline, status = patience.Deadline(240), None
+        while not deadline.passed():
             listed = gridrun(script, "ls", "--json", "--root", "bg", cwd=tmp_path)
             (row,) = json.loads(listed.stdout)
             status = row["status"]

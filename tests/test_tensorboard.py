@@ -177,8 +177,8 @@ def serving(root: Path, logdir: Path) -> tuple[subprocess.Popen, list[str]]:
                             start_new_session=True, preexec_fn=at_a_terminal)
     assert "wrote" in proc.stdout.readline()
     assert f"http://localhost:{port}/" in proc.stdout.readline()
-    deadline, names = time.monotonic() + 60, []
-    while time.monotonic() < deadline:
+    deadline, names = patience.Deadline(60), []
+    while not deadline.passed():
         try:
             with urllib.request.urlopen(f"http://localhost:{port}/data/runs", timeout=2) as r:
                 names = json.loads(r.read())
@@ -252,8 +252,8 @@ def test_sigterm_or_sighup_stops_tensorboard_and_its_children(root, tmp_path, si
         assert below, "TensorBoard is not running under gridrun"
         os.kill(proc.pid, sig)
         patience.wait(proc, 30)
-        deadline = time.monotonic() + 15
-        while alive(below) and time.monotonic() < deadline:
+        deadline = patience.Deadline(15)
+        while alive(below) and not deadline.passed():
             time.sleep(0.2)
         assert not alive(below), "TensorBoard (or a process it started) still runs"
         assert proc.returncode == 0

@@ -64,8 +64,8 @@ class Terminal:
         self.tmux("send-keys", "-t", "gridrun", *keys)
 
     def wait_for(self, text: str, timeout: float = 30.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        deadline = patience.Deadline(timeout)
+        while not deadline.passed():
             screen = self.screen()
             if text in screen:
                 return screen
@@ -97,8 +97,8 @@ def test_queue_watch_compare_export_quit_in_tmux(tmp_path):
         term.keys("Enter")
         term.wait_for("queued 4 runs")
         term.keys("E")
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
+        deadline = patience.Deadline(240)
+        while not deadline.passed():
             with Store(root) as store:
                 if {r.status for r in store.list_runs()} == {"completed"}:
                     break
@@ -117,8 +117,8 @@ def test_queue_watch_compare_export_quit_in_tmux(tmp_path):
         term.keys("Enter")
         term.wait_for("wrote")
         term.keys("q")
-        deadline = time.monotonic() + 10
-        while term.alive() and time.monotonic() < deadline:
+        deadline = patience.Deadline(10)
+        while term.alive() and not deadline.passed():
             time.sleep(0.1)
         assert not term.alive(), "q did not quit"
         assert daemon.status(root).running, "quitting the interface must leave the engine running"
@@ -218,8 +218,8 @@ def test_clone_with_two_overrides_then_reopen_in_tmux(tmp_path):
         # own 120 s limit on a machine running two test files at once
         term.wait_for("queued clone", timeout=120)
         term.keys("q")
-        deadline = time.monotonic() + 30  # a loaded machine: as long as wait_for's
-        while not rc.exists() and time.monotonic() < deadline:
+        deadline = patience.Deadline(30)  # a loaded machine: as long as wait_for's
+        while not rc.exists() and not deadline.passed():
             time.sleep(0.1)
         assert rc.read_text().strip() == "0"
     finally:
@@ -237,8 +237,8 @@ def test_clone_with_two_overrides_then_reopen_in_tmux(tmp_path):
         time.sleep(1.5)  # a few refreshes later, still up
         assert term.alive() and not rc.exists()
         term.keys("q")
-        deadline = time.monotonic() + 30  # a loaded machine: as long as wait_for's
-        while not rc.exists() and time.monotonic() < deadline:
+        deadline = patience.Deadline(30)  # a loaded machine: as long as wait_for's
+        while not rc.exists() and not deadline.passed():
             time.sleep(0.1)
         assert rc.read_text().strip() == "0"
     finally:
