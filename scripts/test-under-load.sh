@@ -12,10 +12,11 @@
 # (with PYTEST_ARGS, e.g. `-- -k readme`), and prints pytest's counts, the wall time and
 # the load average (sampled every 10 s while pytest ran). The hogs and the sampler are
 # killed by their PIDs on every way out (Ctrl-C and SIGTERM included); the temporary
-# folder is removed unless --keep. Exit status: pytest's (2 for a usage error).
+# folder is removed unless --keep. Exit status: pytest's (2 for a usage error, 130 or
+# 143 when stopped by Ctrl-C or SIGTERM).
 set -euo pipefail
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
 
 hogs=4
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -38,13 +39,19 @@ done
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/test-under-load.XXXXXX")"
 pids=()  # the hogs and the load sampler: what this script started, killed by PID
+runner=""  # pytest while it runs
 cleanup() {
   local status=$?
   trap - EXIT INT TERM
-  for pid in "${pids[@]}"; do
+  if [ -n "$runner" ] && kill -0 "$runner" 2>/dev/null; then
+    echo "stopping pytest (pid $runner)" >&2
+    kill -TERM "$runner" 2>/dev/null || true
+    wait "$runner" 2>/dev/null || true
+  fi
+  for pid in ${pids[@]+"${pids[@]}"}; do
     kill "$pid" 2>/dev/null || true
   done
-  for pid in "${pids[@]}"; do
+  for pid in ${pids[@]+"${pids[@]}"}; do
     wait "$pid" 2>/dev/null || true
   done
   if [ "$keep" = 1 ]; then
@@ -82,12 +89,21 @@ loads="$work/loads"
 pids+=($!)
 
 log="$work/pytest.log"
+: > "$log"
 start=$SECONDS
+# pytest runs in the background and the script waits for it: a trapped signal ends a
+# `wait` at once (a foreground command would keep the hogs spinning until it ended)
+pytest ${pytest_args[@]+"${pytest_args[@]}"} > "$log" 2>&1 &
+runner=$!
+tail -n +1 -f --pid="$runner" "$log" &
+pids+=($!)
 set +e
-pytest ${pytest_args[@]+"${pytest_args[@]}"} 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+wait "$runner"
+status=$?
 set -e
+runner=""
 wall=$((SECONDS - start))
+sleep 1  # tail's last lines
 
 echo
 echo "== under load: $hogs hogs on $cores cores, commit $(git rev-parse --short HEAD)"
