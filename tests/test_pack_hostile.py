@@ -399,14 +399,16 @@ def outcome(path: Path, timeout: float = 30) -> str:
         finally:
             os._exit(0)
     os.close(writing)
-    ready, _, _ = select.select([reading], [], [], timeout)
+    deadline, ready = patience.Deadline(timeout), []  # quiet seconds: a busy machine stretches them
+    while not ready and not deadline.passed():
+        ready, _, _ = select.select([reading], [], [], patience.SLICE_S)
     said = os.read(reading, 4000).decode() if ready else None
     os.close(reading)
     if said is None:
         os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     if said is None:
-        return f"a hang (killed after {timeout} s)"
+        return f"a hang (killed after {deadline})"
     if os.WIFSIGNALED(status):
         return f"killed by signal {os.WTERMSIG(status)}"
     return said or "the child said nothing"
