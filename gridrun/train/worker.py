@@ -108,10 +108,11 @@ def start_ranks(run: Any, run_dir: Path, devices: int, *, fresh: bool) -> tuple[
     gang = ranks.Gang(run_dir, devices, fresh=fresh)
     cuda = environment.pick_device().type == "cuda"
     try:
-        world = join(0, devices, run.trainer.get("reduce", "ddp"), gang.rendezvous, cuda)
+        world = join(0, devices, run.trainer.get("reduce", "ddp"), gang.store, cuda)
     except Exception as exc:
         gang.kill()
         collective_failed(World(size=devices), exc)
+    gang.met()
     others = ", ".join(f"{r} (pid {p.pid})" for r, p in gang.children.items())
     print(f"{devices} devices ({'nccl' if cuda else 'gloo'}, reduce = "
           f"{run.trainer.get('reduce', 'ddp')}): rank 0 is this process, ranks {others}",
@@ -189,10 +190,17 @@ def rank_main(run_dir: str, rank: int, size: int, rendezvous: str, *, fresh: boo
         signal.signal(sig, signal.SIG_IGN)  # a stop reaches every rank through rank 0's step
     from gridrun.train import environment
     from gridrun.train.loop.trainer import train
+    from gridrun.train.world import RendezvousRefused, open_store
 
     run = read_config(Path(run_dir))
     cuda = environment.pick_device().type == "cuda"
-    place = join(rank, size, run.trainer.get("reduce", "ddp"), Path(rendezvous), cuda)
+    try:
+        store = open_store(Path(rendezvous), size, rank)
+    except RendezvousRefused as e:  # rank 0's watcher says what happened to the file
+        print(f"rank {rank}: refusing the rendezvous file {rendezvous}: {e}", file=sys.stderr,
+              flush=True)
+        return 1
+    place = join(rank, size, run.trainer.get("reduce", "ddp"), store, cuda)
     try:
         summary = train(run, run_dir, fresh=fresh, world=place, log=lambda s: None)
     finally:
