@@ -1,4 +1,4 @@
-"""Ranks that never join (issue 45, finding 7), on the CPU with gloo:
+"""Ranks that never join or stop answering (issue 45, finding 7), on the CPU with gloo:
 the run ends with one line naming the rank and the dead-rank exit (states.EXIT_RANK_DIED,
 which the engine requeues), and runs again from its last checkpoint.
 
@@ -11,11 +11,12 @@ hang (tests/patience.py).
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import patience
 import pytest
-from test_devices import USER_TASK, cell, ranks_of, worker
+from test_devices import USER_TASK, cell, lines, ranks_of, steps_logged, summary, worker
 from test_engine_kit import prepare, wait_for
 from user_folder import user_package
 
@@ -126,6 +127,31 @@ def test_garbage_in_the_rendezvous_file_ends_the_run_at_once_and_it_runs_again(l
     completes(run_dir)
 
 
+def test_a_stopped_rank_ends_the_run_and_it_resumes_exactly(lab, monkeypatch):
+    root = lab / "runs"
+    # 16 steps an epoch, at least 0.2 s each: the stop lands long before the end
+    undisturbed = cell("ddp", 2, experiment="ref", epochs=3, train_size=1024)
+    completes(prepare(root, undisturbed))
+    run = cell("ddp", 2, experiment="stopped", epochs=3, step_sleep=0.1, checkpoint_every=2,
+               train_size=1024)
+    run_dir = prepare(root, run)
+    monkeypatch.setenv("GRIDRUN_STOPPED_LIMIT_S", "2")
+    proc = worker(run_dir)
+    wait_for(lambda: steps_logged(root, run) >= 4 or proc.poll() is not None, timeout=300)
+    victims = ranks_of(run_dir)
+    assert len(victims) == 1, proc.communicate()[0]
+    os.kill(victims[0].pid, signal.SIGSTOP)
+    out, _ = patience.communicate(proc, 600)
+    assert proc.returncode == states.EXIT_RANK_DIED, out
+    assert (f"rank 1 of 2 stopped answering (its process was stopped, SIGSTOP or SIGTSTP, "
+            f"for 2 s){TAIL}") in out.splitlines()
+    assert not ranks_of(run_dir)  # killed: a stopped process dies of SIGKILL
+    out = completes(run_dir)
+    assert "resumed from step" in out
+    assert summary(root, run)["weights_sha256"] == summary(root, undisturbed)["weights_sha256"]
+    assert lines(root, run) == lines(root, undisturbed)
+
+
 # ---- the rendezvous file, read as the store's records ------------------------------------
 
 
@@ -186,5 +212,6 @@ def test_the_readme_states_the_bounds_the_code_uses():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     faults = readme[readme.index("**Faults.**"):readme.index("## The background engine")]
     assert f"joins within {ranks.JOIN_DEADLINE_S:g} s" in faults.replace("\n", " ")
-    assert ranks.JOIN_DEADLINE_ENV in faults
+    assert f"stopped for {ranks.STOPPED_LIMIT_S:g} s" in faults
+    assert ranks.JOIN_DEADLINE_ENV in faults and ranks.STOPPED_LIMIT_ENV in faults
     assert f"after {world.COLLECTIVE_TIMEOUT_S / 60:g} minutes" in faults

@@ -11,10 +11,13 @@ Rank 0's watcher ends the run, with one line naming the rank, when a rank
 - dies: at once;
 - cannot start (its launch fails): at once;
 - never joins: after JOIN_DEADLINE_S, or at once when the rendezvous file holds bytes
-  no rank wrote (they would keep every rank reading forever).
+  no rank wrote (they would keep every rank reading forever);
+- stops answering: its process stopped (SIGSTOP, SIGTSTP) for STOPPED_LIMIT_S. This is
+  the process's state, never its speed, so a run that is merely slow on a busy
+  machine is never ended.
 It kills the others and exits with states.EXIT_RANK_DIED (world.rank_died), which the
 engine treats like any process that died (back to the queue, resumed from the last
-checkpoint). The deadline counts only the time rank 0's watcher runs: a rank 0 stopped
+checkpoint). Both bounds count only the time rank 0's watcher runs: a rank 0 stopped
 with the others (ctrl-z in a terminal) or starved by a busy machine does not count
 that time against them. Children die with rank 0 (PR_SET_PDEATHSIG), and every
 collective has a timeout, so no rank is left waiting.
@@ -31,14 +34,20 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 from gridrun.train import world
 
 # A rank's start is a Python process importing torch, a few seconds; 120 s leaves room
 # for a machine many times over-subscribed and is 5x under the collective timeout.
 JOIN_DEADLINE_S = 120.0
-JOIN_DEADLINE_ENV = "GRIDRUN_JOIN_DEADLINE_S"  # another bound, shorter or longer: tests, admins
+# No healthy rank is ever stopped: this only spares a short pause (a debugger's
+# snapshot, a job-control race) and is 20x under the collective timeout.
+STOPPED_LIMIT_S = 30.0
+JOIN_DEADLINE_ENV = "GRIDRUN_JOIN_DEADLINE_S"  # either bound, shorter or longer: tests, admins
+STOPPED_LIMIT_ENV = "GRIDRUN_STOPPED_LIMIT_S"
 WATCH_EVERY_S = 0.2
-# The most one round of the watcher counts toward the deadline: a longer gap is rank 0's
+# The most one round of the watcher counts toward a bound: a longer gap is rank 0's
 # own stop or starvation, not the ranks' fault.
 COUNTED_ROUND_S = 1.0
 
@@ -60,6 +69,15 @@ def seconds_from_env(name: str, default: float) -> float:
     return default
 
 
+def is_stopped(pid: int) -> bool:
+    """Whether the process is stopped by a signal (state T); a traced stop (a debugger
+    at a breakpoint) is someone looking, not a rank gone silent."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.Error:  # gone, or not ours to read: the dead-rank check decides
+        return False
+
+
 class Gang:
     """Rank 0's children, ranks 1..n-1, and the thread that watches them."""
 
@@ -69,8 +87,10 @@ class Gang:
         # rank 0's store is open before any other process is told the file's name
         self.store = world.open_store(self.rendezvous.path, size, 0)
         self.join_deadline = seconds_from_env(JOIN_DEADLINE_ENV, JOIN_DEADLINE_S)
+        self.stopped_limit = seconds_from_env(STOPPED_LIMIT_ENV, STOPPED_LIMIT_S)
         self.joined = False  # rank 0 is in the process group: every rank has met
         self.waited = 0.0  # counted seconds of the join so far
+        self.stopped_for: dict[int, float] = {}  # counted seconds each rank has been stopped
         self.children: dict[int, subprocess.Popen] = {}
         for rank in range(1, size):
             try:
@@ -123,6 +143,16 @@ class Gang:
         return (f"{self.ranks(list(self.children))} met but never connected within "
                 f"{self.join_deadline:g} s")
 
+    def not_answering(self, counted: float) -> str | None:
+        """The first rank whose process has been stopped for the limit, else None."""
+        for rank, proc in self.children.items():
+            stopped = proc.returncode is None and is_stopped(proc.pid)  # reaped: not ours
+            self.stopped_for[rank] = self.stopped_for.get(rank, 0.0) + counted if stopped else 0.0
+            if self.stopped_for[rank] >= self.stopped_limit:
+                return (f"rank {rank} of {self.size} stopped answering (its process was stopped, "
+                        f"SIGSTOP or SIGTSTP, for {self.stopped_limit:g} s)")
+        return None
+
     def which_died(self, wait: float = 2.0) -> str | None:
         """The dead rank, waiting a moment for it: a peer's closed socket can be seen
         before its exit is."""
@@ -137,7 +167,7 @@ class Gang:
         while not self.done.wait(WATCH_EVERY_S):
             now = time.monotonic()
             counted, last = min(now - last, COUNTED_ROUND_S), now
-            found = self.dead() or self.not_meeting(counted)
+            found = self.dead() or self.not_meeting(counted) or self.not_answering(counted)
             if found is not None and not self.done.is_set():  # finish() ends the watch
                 self.kill()
                 world.rank_died(found)

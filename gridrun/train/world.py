@@ -32,7 +32,7 @@ from typing import Any
 
 from gridrun.runs.states import EXIT_RANK_DIED
 
-COLLECTIVE_TIMEOUT_S = 600.0  # a rank alive but stuck; ranks.py sees a dead or absent one sooner
+COLLECTIVE_TIMEOUT_S = 600.0  # a rank alive but stuck; ranks.py sees a dead, absent or stopped one sooner
 RENDEZVOUS = ".gridrun-rendezvous-"  # + rank 0's pid and a random name: a new file each launch
 ARRIVED = "gridrun/arrived/"  # + rank: the key each rank sets once its store is open
 # c10d's records are addresses and ids of a few hundred bytes; a longer one is garbage
