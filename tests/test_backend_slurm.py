@@ -184,7 +184,8 @@ def test_root_check_and_slots(cluster, tmp_path):
     assert not list(tmp_path.glob(".gridrun-probe*"))  # the check's job answered and was cleaned
 
 
-@pytest.mark.timeout(900)
+# no timeout of its own: its `gridrun run --wait` is bounded in quiet seconds (800), and the
+# global hour (pyproject.toml) is the hang guard a busy machine cannot reach (issue 44)
 def test_the_example_file_on_slurm_gives_the_local_metrics(cluster, tmp_path):
     """`gridrun run --wait` of the README's example (its 18-run matrix: a grid, ablations,
     seeds) with its [engine] table changed (three runs a job, two jobs at once on this
