@@ -19,7 +19,9 @@ async def test_loading_until_the_table_is_built_and_csv_defaults_to_the_cwd(make
     gate, compare = threading.Event(), src.compare
 
     def slow(experiment):
-        gate.wait(5)
+        # held until the test has seen 'loading': a bound only so that a failed test never
+        # leaves the worker blocked; 5 s could run out first on a busy machine (issue 44)
+        gate.wait(120)
         return compare(experiment)
 
     src.compare = slow
