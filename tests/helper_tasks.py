@@ -327,3 +327,22 @@ def nan_metric(train_size: int = 256, val_size: int = 64) -> Task:
     task.evaluate = evaluate
     task.metrics = {"f1": "higher", **task.metrics}
     return task
+
+
+def gated_spirals(gate: str = "", at: int = 5, **kwargs) -> Task:
+    """spirals whose `at`-th training batch waits until the file `gate` exists: the run
+    is still running, however long the test took to look at it (never a race against
+    the run's speed); the test makes the file when it has looked."""
+    import os
+
+    task = spirals(**kwargs)
+    inner, calls = task.loss, [0]
+
+    def loss(model, batch):
+        calls[0] += 1
+        while calls[0] == at and gate and not os.path.exists(gate):
+            time.sleep(0.05)
+        return inner(model, batch)
+
+    task.loss = loss
+    return task

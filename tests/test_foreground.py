@@ -222,7 +222,13 @@ def test_engine_returns_a_dead_foreground_run_to_the_queue(tmp_path, backend, ho
 
 @pytest.mark.slow
 def test_a_foreground_run_is_live_in_ls_and_the_engine_never_launches_it(tmp_path, root):
-    file, run_id = experiment(tmp_path, sleep=0.1, epochs=20)  # ~60 steps: ~6 s and more
+    # the run waits at its 5th batch until the test has looked: never "trained too fast"
+    gate = tmp_path / "looked"
+    file = tmp_path / "exp.toml"
+    file.write_text(SLOW.format(sleep=0, epochs=2).replace(
+        '"helper_tasks:slow_spirals"\nstep_sleep = 0', f'"helper_tasks:gated_spirals"\ngate = "{gate}"'))
+    (run_id,) = [r["id"] for r in json.loads(CliRunner().invoke(
+        app, ["plan", "--json", str(file)]).output)["runs"]]
     proc = train(file, root)
     try:
         wait_for(lambda: (root / layout.DB_NAME).exists() and
@@ -236,9 +242,10 @@ def test_a_foreground_run_is_live_in_ls_and_the_engine_never_launches_it(tmp_pat
         with Store(root) as store:  # the engine has looked at it (recovery, then its watch)
             t0 = wait_for(lambda: store.get_state("engine_heartbeat"), timeout=60)["t"]
             wait_for(lambda: store.get_state("engine_heartbeat")["t"] > t0 + 2.5, timeout=60)
-        assert proc.poll() is None, "trained too fast for the test to mean anything"
+        assert proc.poll() is None
         r = listed(root)[run_id]
         assert (r["status"], r["slot"], r["pid"]) == (states.RUNNING, FOREGROUND, proc.pid)
+        gate.touch()
         assert patience.wait(proc, 120) == 0, proc.stdout.read()
     finally:
         kill_quietly(proc.pid)
