@@ -333,15 +333,27 @@ def gated_spirals(gate: str = "", at: int = 5, **kwargs) -> Task:
     """spirals whose `at`-th training batch waits until the file `gate` exists: the run
     is still running, however long the test took to look at it (never a race against
     the run's speed); the test makes the file when it has looked."""
-    import os
+    return gated("spirals", gate, at, **kwargs)
 
-    task = spirals(**kwargs)
+
+def gated(inner_task: str = "spirals", gate: str = "", at: int = 5, **kwargs) -> Task:
+    """Any built-in task whose `at`-th training batch (of each process) writes
+    `GATE.reached`, then waits until the file `gate` exists: a test can stop the run
+    there (a signal, then the gate) at a step that does not depend on the machine's speed."""
+    import os
+    from pathlib import Path
+
+    from gridrun.tasks import resolve
+
+    task = resolve(inner_task)(**kwargs)
     inner, calls = task.loss, [0]
 
     def loss(model, batch):
         calls[0] += 1
-        while calls[0] == at and gate and not os.path.exists(gate):
-            time.sleep(0.05)
+        if calls[0] == at and gate:
+            Path(f"{gate}.reached").touch()
+            while not os.path.exists(gate):
+                time.sleep(0.05)
         return inner(model, batch)
 
     task.loss = loss

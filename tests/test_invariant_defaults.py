@@ -22,14 +22,16 @@ import pytest
 from test_engine_kit import make_run, metrics_without_timing, prepare
 from user_folder import user_package
 
-from gridrun.runs import layout, runlog, states
+from gridrun.runs import layout, states
 from gridrun.spec import write_run_config
 
 GRU_TASK = '''\
 """A GRU over token sequences: is the count of token 1 even? Tokens are masked at
 random in __getitem__ (Python's random and torch.rand: the global generators)."""
+import os
 import random
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -70,10 +72,15 @@ class Classifier(nn.Module):
         return self.out(self.drop(self.bn(self.norm(h))))
 
 
-def make(hidden: int = 32, train_size: int = 512, step_sleep: float = 0.0):
+def make(hidden: int = 32, train_size: int = 512, gate: str = "", at: int = 0):
+    calls = [0]
+
     def loss(model, batch):
-        if step_sleep:
-            time.sleep(step_sleep)
+        calls[0] += 1
+        if calls[0] == at and gate:  # the test stops the run here: GATE.reached, then GATE
+            Path(f"{gate}.reached").touch()
+            while not os.path.exists(gate):
+                time.sleep(0.05)
         x, y = batch
         return F.cross_entropy(model(x), y)
 
@@ -100,7 +107,7 @@ def lab(tmp_path, monkeypatch):
 def cell(devices: int, experiment: str, **trainer):
     """The cell under the defaults: no `threads` key, only what the user chose."""
     args = {"hidden": 32, "train_size": trainer.pop("train_size", 512),
-            "step_sleep": trainer.pop("step_sleep", 0.0)}
+            **{k: trainer.pop(k) for k in ("gate", "at") if k in trainer}}
     run = make_run("grulab.gru:make", experiment=experiment, task_args=args,
                    **{"epochs": 2, "batch_size": 32, "accumulate": 4, "log_every": 2,
                       "reduce": "invariant", "devices": devices, **trainer})
@@ -149,22 +156,19 @@ def test_cancelled_on_2_devices_and_resumed_on_1_under_the_defaults_gives_the_sa
     root = lab / "runs"
     alone = cell(1, "alone", train_size=2048)
     finished(prepare(root, alone))
-    # 16 steps an epoch and a sleep in each: the stop lands long before the end
-    moved = cell(2, "moved", train_size=2048, step_sleep=0.05, checkpoint_every=2)
+    # each rank's 9th micro-batch (step 5 on 2 ranks) waits at a gate: stopped there
+    gate = lab / "gate"
+    moved = cell(2, "moved", train_size=2048, gate=str(gate), at=9, checkpoint_every=2)
     run_dir = prepare(root, moved)
     proc = worker(run_dir)
-
-    def steps_logged() -> int:
-        records = runlog.read_all(run_dir / layout.METRICS)
-        return max((r.get("step", 0) for r in records if r.get("split") == "train"), default=0)
-
-    while steps_logged() < 4 and proc.poll() is None:  # bounded by the run's own end
+    while not Path(f"{gate}.reached").exists() and proc.poll() is None:  # bounded by its end
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
+    gate.touch()
     out, _ = proc.communicate()
     assert proc.returncode == states.EXIT_CODES[states.INTERRUPTED], out
     stopped_at = summary(root, moved)["step"]
-    assert 4 <= stopped_at < summary(root, alone)["step"]
+    assert 4 <= stopped_at < summary(root, alone)["step"] - 4
     write_run_config(run_dir / layout.CONFIG, type(moved)(**{
         **moved.__dict__, "trainer": {**moved.trainer, "devices": 1}}))
     out = finished(run_dir)
@@ -180,9 +184,9 @@ def test_cancelled_on_2_devices_and_resumed_on_1_under_the_defaults_gives_the_sa
 
 SLOW = """
 [experiments.slow]
-task = "helper_tasks:slow"
+task = "helper_tasks:gated"
 inner_task = "shapes"  # convolutions and BatchNorm: other bits on 1 thread than on 2
-step_sleep = 0.05
+at = 9
 train_size = 512
 val_size = 64
 epochs = 2
@@ -200,8 +204,8 @@ def test_auto_threads_are_kept_on_resume_and_a_change_that_cannot_be_is_said_eve
     """threads = 2 written in the file, stopped mid-way; resumed under "auto" the run
     keeps its 2 threads (the same bits as never stopping); resumed under an explicit
     1 it cannot: summary.json, output.log, `ls` and `verify` say which field changed."""
-    def train(root: str, threads: str) -> subprocess.Popen:
-        (tmp_path / "e.toml").write_text(SLOW + threads)
+    def train(root: str, threads: str, gate: Path | None = None) -> subprocess.Popen:
+        (tmp_path / "e.toml").write_text(SLOW + f'gate = "{gate or ""}"\n' + threads)
         return cli("train", "e.toml", "--root", root, cwd=tmp_path)
 
     def ended(proc: subprocess.Popen) -> str:
@@ -210,17 +214,15 @@ def test_auto_threads_are_kept_on_resume_and_a_change_that_cannot_be_is_said_eve
         return out
 
     def stopped_midway(root: str) -> Path:
-        proc = train(root, "threads = 2\n")
-        folder = tmp_path / root / "slow"
-        while proc.poll() is None and not (folder.is_dir() and any(folder.iterdir())):
-            time.sleep(0.05)
-        (run_dir,) = folder.iterdir()
-        while proc.poll() is None and max((r.get("step", 0) for r in runlog.read_all(
-                run_dir / layout.METRICS) if r.get("split") == "train"), default=0) < 4:
+        gate = tmp_path / f"{root}.gate"  # the 9th batch waits there: stopped at step 8
+        proc = train(root, "threads = 2\n", gate)
+        while not Path(f"{gate}.reached").exists() and proc.poll() is None:
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
+        gate.touch()
         out, _ = proc.communicate()
         assert "interrupted at step" in out, out
+        (run_dir,) = (tmp_path / root / "slow").iterdir()
         return run_dir
 
     ended(train("whole", "threads = 2\n"))
@@ -228,13 +230,13 @@ def test_auto_threads_are_kept_on_resume_and_a_change_that_cannot_be_is_said_eve
     whole_hash = json.loads((whole / layout.SUMMARY).read_text())["weights_sha256"]
 
     run_dir = stopped_midway("kept")
-    ended(train("kept", ""))  # no threads key: "auto"
+    ended(train("kept", "", tmp_path / "kept.gate"))  # no threads key: "auto"
     kept = json.loads((run_dir / layout.SUMMARY).read_text())
     assert [a["threads"] for a in kept["attempts"]] == [2, 2]
     assert kept["environment_changes"] == [] and kept["weights_sha256"] == whole_hash
 
     run_dir = stopped_midway("changed")
-    out = ended(train("changed", "threads = 1\n"))
+    out = ended(train("changed", "threads = 1\n", tmp_path / "changed.gate"))
     changed = json.loads((run_dir / layout.SUMMARY).read_text())
     (change,) = changed["environment_changes"]
     assert change["field"] == "threads" and (change["from"], change["to"]) == (2, 1)
