@@ -92,6 +92,7 @@ def test_a_rank_that_never_joins_ends_the_run_at_the_join_deadline(lab, monkeypa
     assert f"rank 1 of 2 never joined within 3 s{TAIL}" in out.splitlines()
     assert not ranks_of(run_dir)
     unhooked(lab)
+    monkeypatch.delenv("GRIDRUN_JOIN_DEADLINE_S")  # 3 s is no bound for a rank that starts
     completes(run_dir)
 
 
@@ -146,6 +147,7 @@ def test_a_stopped_rank_ends_the_run_and_it_resumes_exactly(lab, monkeypatch):
     assert (f"rank 1 of 2 stopped answering (its process was stopped, SIGSTOP or SIGTSTP, "
             f"for 2 s){TAIL}") in out.splitlines()
     assert not ranks_of(run_dir)  # killed: a stopped process dies of SIGKILL
+    monkeypatch.delenv("GRIDRUN_STOPPED_LIMIT_S")
     out = completes(run_dir)
     assert "resumed from step" in out
     assert summary(root, run)["weights_sha256"] == summary(root, undisturbed)["weights_sha256"]
