@@ -213,7 +213,8 @@ def test_predict_imports_no_task_and_no_training_code(root, exports, tmp_path):
     assert "square" in done.stdout and "disc" in done.stdout
     mine = [m for m in found["modules"] if m == "gridrun" or m.startswith("gridrun.")]
     allowed = {"gridrun", "gridrun.cli", "gridrun.commands", "gridrun.deploy", "gridrun.deploy.predict",
-               "gridrun.deploy.modeljson", "gridrun.deploy.results", "gridrun.userfiles",
+               "gridrun.deploy.modeljson", "gridrun.deploy.jsoninput", "gridrun.deploy.results",
+               "gridrun.userfiles",
                "gridrun.runs", "gridrun.runs.states"}  # run-state names, for `gridrun run`'s display
     assert all(m in allowed or m.startswith("gridrun.commands.") for m in mine), mine
     for banned in ("gridrun.tasks", "gridrun.train", "gridrun.spec", "gridrun.runs.store",

@@ -13,12 +13,14 @@ import math
 import os
 import shutil
 import signal
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from patience import run as run_patiently
 from test_deploy import invoke, make_run
 
 pytest.importorskip("onnxruntime")
@@ -112,6 +114,75 @@ def test_an_npz_that_expands_past_the_limit_is_refused(export, tmp_path, monkeyp
     np.savez_compressed(tmp_path / "bomb.npz", x=np.zeros((50_000, 2), np.float32))
     monkeypatch.setattr(predict, "ARRAY_LIMIT", 100_000)
     refused(invoke("predict", str(export), str(tmp_path / "bomb.npz")), "bomb.npz", "uncompressed")
+
+
+# ---- 7: memory in proportion to the input (issue 45, finding 9) ---------------------------
+# A 15.9 MB JSON input (under the 16 MB cap) took 5.7 GB and 30 s: Python lists of floats,
+# then a Python object for every sample's result. Its peak memory is measured in a process
+# of its own, against the same command on a tiny input (the runtime's own memory).
+
+PEAK = """
+import resource, subprocess, sys
+with open(sys.argv[1], "wb") as out:  # the results go to a file, never into this process
+    code = subprocess.run([sys.executable, "-m", "gridrun", "predict", *sys.argv[2:]],
+                          stdout=out, stderr=subprocess.PIPE).returncode
+print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)  # KiB on Linux
+"""
+PER_BYTE = 20  # the bound: this many bytes of memory for a byte of input, beyond the baseline
+
+
+def peak(out: Path, *args: str) -> tuple[int, int]:
+    """(exit code, peak resident bytes) of `gridrun predict ARGS` run by a fresh parent: its
+    RUSAGE_CHILDREN is that one child's."""
+    done = run_patiently([sys.executable, "-c", PEAK, str(out), *args], timeout=900,
+                         capture_output=True, text=True)
+    code, kib = done.stdout.split()
+    return int(code), int(kib) * 1024
+
+
+def repeated(path: Path, head: str, unit: str, last: str, tail: str, size: int) -> Path:
+    """`head` + `unit` as often as fits + `last` + `tail`: a file of about `size` bytes."""
+    count = (size - len(head) - len(last) - len(tail)) // len(unit)
+    with path.open("w") as f:
+        f.write(head + unit * count + last + tail)
+    return path
+
+
+HUGE = {  # name: (head, unit, last, tail, size, exit code, options)
+    # the finding's: 2.65 million samples, all valid, each a Python list and its results
+    # Python objects (its text is 350 MB, written as it is made)
+    "samples": ("[", "[0,0],", "[0,0]", "]", 15_900_000, 0, []),
+    "samples --json": ("[", "[0,0],", "[0,0]", "]", 4_000_000, 0, ["--json"]),
+    "floats": ("[", "[1.5,-0.25],", "[1.5,-0.25]", "]", 4_000_000, 0, []),
+    "keyed": ('{"x": [', "[3,1],", "[3,1]", "]}", 4_000_000, 0, ["--json"]),
+    "empty lists": ("[", "[],", "[]", "]", 15_900_000, 2, []),
+    # numpy pads every string to the longest: 1,000 characters times 500,000 strings
+    "strings": ('["' + "a" * 1000 + '"', ',""', ',""', "]", 1_500_000, 2, []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HUGE))
+def test_a_json_input_takes_memory_in_proportion_to_its_size(export, tmp_path, name):
+    head, unit, last, tail, size, expected, options = HUGE[name]
+    tiny = tmp_path / "tiny.json"
+    tiny.write_text("[[1.5, 0.5]]")
+    code, baseline = peak(tmp_path / "tiny.out", str(export), str(tiny), *options)
+    assert code == 0
+    path = repeated(tmp_path / "huge.json", head, unit, last, tail, size)
+    out = tmp_path / "huge.out"
+    code, used = peak(out, str(export), str(path), *options)
+    with out.open("rb") as f:  # what it wrote, to the end (a result) or one line (a refusal)
+        f.seek(max(0, out.stat().st_size - 300))
+        end = f.read().decode()
+    assert code == expected, end
+    if expected == 0:
+        samples = (size - len(head) - len(last) - len(tail)) // len(unit) + 1
+        assert (f"sample {samples - 1}\n" if not options else '"p": ') in end, end
+    grown = used - baseline
+    assert grown < PER_BYTE * size, (
+        f"{name}: {grown / 1e6:.0f} MB beyond the {baseline / 1e6:.0f} MB baseline for "
+        f"{size / 1e6:.1f} MB of JSON, more than {PER_BYTE} x")
+    out.unlink()  # the 350 MB of text
 
 
 # ---- 3: a tampered model.json --------------------------------------------------------------

@@ -134,9 +134,9 @@ def register_predict(app: typer.Typer) -> None:
         million pixels.
         """
         from gridrun.deploy.predict import PredictError, Served, read
-        from gridrun.deploy.results import json_text, lines, result
+        from gridrun.deploy.results import result, write_json, write_lines
 
-        found = []
+        found = []  # every input read and run before anything is written: a refusal writes nothing
         try:
             served = Served(export_dir)
             for path in inputs:
@@ -144,8 +144,12 @@ def register_predict(app: typer.Typer) -> None:
                 found.append(result(path, feed, served.run(feed), served, top))
         except PredictError as e:
             fail(str(e))
+
+        def write(text: str) -> None:  # the results' text as it is made, never whole
+            typer.echo(text, nl=False)
+
         if as_json:
-            typer.echo(json_text(found))
+            write_json(found, write)
         else:
             for item in found:
-                typer.echo("\n".join(lines(item, served)))
+                write_lines(item, write)

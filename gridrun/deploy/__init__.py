@@ -8,9 +8,10 @@
     describe  model.json
     predict   `gridrun predict`: an export folder served from model.json alone
     modeljson model.json read back and checked (predict)
-    results   predict's outputs: top classes, decisions, strict JSON
+    jsoninput a JSON input read into arrays, no Python object per number (predict)
+    results   predict's outputs: top classes, decisions, strict JSON, written as made
 
 Imports `gridrun.train`, `gridrun.runs`, `gridrun.spec` and `gridrun.tasks`;
-`predict` (with `modeljson`, `results`) imports only `gridrun.userfiles` of gridrun
+`predict` (with `modeljson`, `jsoninput`, `results`) imports only `gridrun.userfiles` of gridrun
 (NumPy, onnxruntime or torch, Pillow).
 """

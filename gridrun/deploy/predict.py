@@ -2,10 +2,10 @@
 
 Reads model.json, runs the model file it names (onnxruntime for ONNX, the
 loaded program for `pt2` and TorchScript) on inputs read from files (an image,
-a `.npy`/`.npz`, or JSON) and returns the outputs (results.py shows them). It
-imports no task code and no training code: of gridrun only userfiles, modeljson
-and results; NumPy, and onnxruntime (or torch for the other formats), Pillow for
-images. What it reads is checked against model.json first (dtype, shape, layout,
+a `.npy`/`.npz`, or JSON: jsoninput.py, in memory in proportion to the file) and
+returns the outputs (results.py writes them as it makes their text). It imports no
+task code and no training code: of gridrun only userfiles, modeljson, jsoninput and
+results; NumPy, and onnxruntime (or torch for the other formats), Pillow for images. What it reads is checked against model.json first (dtype, shape, layout,
 range; NaN and infinities refused), so a wrong input gets one line saying what
 was expected, never a runtime's stack trace.
 
@@ -19,7 +19,6 @@ inside its own folder.
 from __future__ import annotations
 
 import io
-import json
 import os
 import stat
 import warnings
@@ -28,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from gridrun.deploy import modeljson
+from gridrun.deploy import jsoninput, modeljson
 from gridrun.userfiles import RefusedFile, kind_of, open_regular
 
 MODEL_JSON = modeljson.MODEL_JSON
@@ -305,15 +304,14 @@ def _image(path: Path, data: bytes, spec: dict[str, Any]) -> np.ndarray:
 
 
 def _json(path: Path, data: bytes, served: Served) -> dict[str, Any]:
+    """Arrays read in memory in proportion to the file (jsoninput), never as Python lists;
+    nested no deeper than the inputs' axes."""
     try:
-        value = json.loads(data)
-    except RecursionError:
-        raise PredictError(f"{path}: JSON nested too deeply to read: give arrays of at most "
-                           f"{modeljson.MAX_AXES} axes") from None
-    except ValueError as e:
-        raise PredictError(f"{path}: not JSON ({_first(e)})") from None
+        value = jsoninput.read(data, {i["name"]: len(i["shape"]) for i in served.inputs})
+    except jsoninput.JsonInputError as e:
+        raise PredictError(f"{path}: {e}") from None
     if isinstance(value, dict):
-        return dict(value)
+        return value
     return {_only(served, path)["name"]: value}
 
 
@@ -350,8 +348,8 @@ def _fit(value: Any, spec: dict[str, Any], served: Served, path: Path) -> np.nda
                                   if want == np.uint8 else ""))
         a = value
     else:
-        try:
-            a = np.asarray(value)
+        try:  # JSON's numbers: bool, int64 or float64, converted below
+            a = value.array if isinstance(value, jsoninput.Numbers) else np.asarray(value)
         except Exception as e:
             raise PredictError(f"{path}: not an array for {expected} ({_first(e)})") from None
         if want.kind == "b":
