@@ -112,7 +112,7 @@ def test_export_metrics_long_format(tmp_path):
 def test_arrays_and_booleans_are_written_as_json_in_every_csv(tmp_path):
     """The runs CSV, compare's CSV, a Parquet file's text and MLflow's params spell a value
     alike: JSON for arrays and booleans, never Python's `(0.9, 0.999)` or `True`."""
-    from gridrun.analysis import mlflow_records
+    from gridrun.analysis.mlflow import records as mlflow_records
 
     for seed, betas in enumerate(([0.9, 0.999], [0.8, 0.99])):
         make_run(tmp_path, "tricks", seed, trainer={"betas": betas, "nesterov": True},

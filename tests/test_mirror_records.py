@@ -1,4 +1,5 @@
-"""What a run becomes in MLflow, without a server (mlflow_records.py): its name, which
+"""What a run becomes in MLflow, without a server (gridrun/analysis/mlflow/records.py,
+cursor.py): its name, which
 values are params and which are tags an attempt may change, and which MLflow runs are
 this root's. The mirror itself, against a real server: test_mirror_mlflow*.py."""
 
@@ -7,7 +8,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from gridrun.analysis import mlflow_records as mr
+from gridrun.analysis.mlflow import records as mr
+from gridrun.analysis.mlflow.cursor import Cursor, Mirrored
 
 
 def row(**fields):
@@ -73,10 +75,10 @@ def test_the_latest_attempt_is_tagged_and_the_history_kept_in_a_tag_mlflow_takes
 
 
 def test_the_cursor_keeps_the_root_ids_and_each_runs_tags(tmp_path):
-    cursor = mr.Cursor(tmp_path, "http://x")
+    cursor = Cursor(tmp_path, "http://x")
     cursor.roots.append("r00t")
-    cursor.runs["a1"] = mr.Mirrored("m1", tags=["gridrun.error"])
+    cursor.runs["a1"] = Mirrored("m1", tags=["gridrun.error"])
     cursor.save()
-    again, note = mr.Cursor.load(tmp_path, "http://x")
+    again, note = Cursor.load(tmp_path, "http://x")
     assert note is None and again.roots == ["r00t"] and again.runs["a1"].tags == ["gridrun.error"]
-    assert mr.Cursor.load(tmp_path, "http://y")[0].roots == []
+    assert Cursor.load(tmp_path, "http://y")[0].roots == []

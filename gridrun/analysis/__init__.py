@@ -12,9 +12,7 @@
     devices   a run's devices and reduce, and the GPUs its slot's name holds (every view's)
     runlist   `gridrun ls`'s lines
     tensorboard     runs' scalars as TensorBoard event files
-    mlflow_records  what a run becomes in MLflow, and the mirror's cursor
-    mlflow_mirror   `gridrun mirror mlflow`: the change feed sent with MLflow's client
-    mlflow_client   that client, made with a short timeout, and what its failures mean
+    mlflow/         `gridrun mirror mlflow`: the runs sent into MLflow (its __init__ lists its modules)
 
 Imports `gridrun.runs` and `gridrun.spec`; nothing here imports torch.
 """

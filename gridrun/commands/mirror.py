@@ -68,8 +68,8 @@ def mlflow(
     it writes in the root), and what MLflow holds wins over it. With --follow, a server
     that is down is said in one line and tried again with a backoff; runs never wait for it.
     """
-    from gridrun.analysis import mlflow_client as mc
-    from gridrun.analysis import mlflow_mirror as mm
+    from gridrun.analysis.mlflow import client as mc
+    from gridrun.analysis.mlflow import mirror as mm
 
     uri = (tracking_uri or "").strip().rstrip("/")
     if not uri:
@@ -102,15 +102,15 @@ def mlflow(
 
 def _mirror(root: Path, store: Any, client: Any, uri: str) -> Any:
     """The mirror of `root`'s runs, from where its cursor says it stopped."""
-    from gridrun.analysis import mlflow_mirror as mm
-    from gridrun.analysis import mlflow_records as mr
+    from gridrun.analysis.mlflow import mirror as mm
+    from gridrun.analysis.mlflow.cursor import Cursor
     from gridrun.runs.layout import UnsafePath
 
     if store.root_id() is None:  # a store from before root ids, read as it is on disk
         fail(f"{root}'s store has no root id yet and cannot be written now ({store.view}); "
              "the mirror keys runs by their root: run it again once the store can be written")
     try:
-        cursor, note = mr.Cursor.load(root, uri)
+        cursor, note = Cursor.load(root, uri)
     except UnsafePath as e:
         fail(str(e))
     if note:
@@ -136,13 +136,13 @@ def _await_store(root: Path, every: float) -> None:
 
 
 def _follow(root: Path, client: Any, uri: str, every: float) -> None:
-    from gridrun.analysis import mlflow_mirror as mm
-    from gridrun.analysis import mlflow_records as mr
+    from gridrun.analysis.mlflow import mirror as mm
+    from gridrun.analysis.mlflow.cursor import CURSOR
 
     previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         typer.echo(f"mirroring the runs to {uri} (ctrl-c stops; where it stopped: "
-                   f"{root / mr.CURSOR})")
+                   f"{root / CURSOR})")
         _await_store(root, every)
         with open_store(root, write=False) as store:
             mm.follow(_mirror(root, store, client, uri), store, uri, every)

@@ -8,7 +8,7 @@ tags before one is made: the key is the run in its root, as two roots may hold t
 same run id; a search's trials are children of one parent run per search and root,
 which carries the leaderboard), then its params, its new metric points (log_batch),
 its tags (one of ours it no longer has is deleted) and status, and its files when
-they changed (mlflow_records.py says what each is).
+they changed (records.py says what each is).
 
 MLflow is the truth: before the first step, and again after any failure, one
 search per experiment reads which runs of this root MLflow holds and the last step
@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gridrun.analysis import mlflow_records as mr
-from gridrun.analysis.mlflow_client import reason, refused
+from gridrun.analysis.mlflow import records as mr
+from gridrun.analysis.mlflow.client import reason, refused
+from gridrun.analysis.mlflow.cursor import Cursor, Mirrored, tail
 from gridrun.runs import layout, runlog, states
 from gridrun.runs.layout import UnsafePath
 
@@ -74,7 +75,7 @@ class Remote:
 class Mirror:
     """One root mirrored to one tracking server; `read` the store, then `step`."""
 
-    def __init__(self, root: Path, client: Any, cursor: mr.Cursor,
+    def __init__(self, root: Path, client: Any, cursor: Cursor,
                  tell: Callable[[str], None], warn: Callable[[str], None]) -> None:
         self.root, self.client, self.cursor, self.tell, self.warn = root, client, cursor, tell, warn
         self.root_id = ""  # the store's (read first): an MLflow run is a run in its root
@@ -100,7 +101,7 @@ class Mirror:
         for run in changed:
             self.rows[run.id] = run
             self.refused.pop(run.id, None)
-            if self.cursor.runs.get(run.id, mr.Mirrored()).seq != run.seq:
+            if self.cursor.runs.get(run.id, Mirrored()).seq != run.seq:
                 self.dirty.add(run.id)
 
     def waiting(self) -> list[str]:
@@ -191,7 +192,7 @@ class Mirror:
                 tags, rid, sid = run.data.tags, run.data.tags.get(mr.RUN_ID), \
                     run.data.tags.get(mr.SEARCH_ID)
                 if rid and mr.owned(tags, run.info.run_id, self.mine,
-                                    self.cursor.runs.get(rid, mr.Mirrored()).mlflow) and \
+                                    self.cursor.runs.get(rid, Mirrored()).mlflow) and \
                         (rid not in remote or remote[rid].deleted):  # active first
                     remote[rid] = Remote.of(run, self.root_id)
                 elif tags.get(mr.ROLE) == mr.SEARCH_ROLE and sid and \
@@ -217,10 +218,10 @@ class Mirror:
         self.remote = remote
 
     @staticmethod
-    def _entry(found: Remote | None) -> mr.Mirrored:
+    def _entry(found: Remote | None) -> Mirrored:
         if found is None:
-            return mr.Mirrored()
-        return mr.Mirrored(found.id, last=dict(found.steps), tags=sorted(found.tags))
+            return Mirrored()
+        return Mirrored(found.id, last=dict(found.steps), tags=sorted(found.tags))
 
     def _root_tags(self) -> dict[str, str]:
         return {mr.ROOT_ID: self.root_id, mr.ROOT: os.path.abspath(self.root)}
@@ -236,7 +237,7 @@ class Mirror:
                 self.client.create_experiment(name)
         return self.experiments[name]
 
-    def _create(self, run: Any, m: mr.Mirrored, experiment: str) -> frozenset[str]:
+    def _create(self, run: Any, m: Mirrored, experiment: str) -> frozenset[str]:
         """Its MLflow run: the one tagged with its id and this root's, else a new one; the
         params it has."""
         found = sorted((Remote.of(r, self.root_id) for r in self._search(
@@ -292,7 +293,7 @@ class Mirror:
     def _sync(self, run: Any) -> None:
         if self.root_id not in self.cursor.roots:
             self.cursor.roots.append(self.root_id)
-        m = self.cursor.runs.setdefault(run.id, mr.Mirrored())
+        m = self.cursor.runs.setdefault(run.id, Mirrored())
         remote = (self.remote or {}).get(run.id)
         if remote is not None and remote.deleted:
             raise self._deleted(run, remote.id)
@@ -331,7 +332,7 @@ class Mirror:
         m.seq = run.seq
         self.dirty.discard(run.id)
 
-    def _tags(self, m: mr.Mirrored, tags: dict[str, str]) -> None:
+    def _tags(self, m: Mirrored, tags: dict[str, str]) -> None:
         """Its tags as they are now; one of ours it no longer has (an error after a retry
         that completed, a value an attempt dropped) is deleted, never left stale."""
         self._batch(m.mlflow, tags=tags)
@@ -343,22 +344,22 @@ class Mirror:
                     raise
         m.tags = sorted(k for k in tags if k.startswith(mr.OURS))
 
-    def _metrics(self, run: Any, m: mr.Mirrored) -> None:
+    def _metrics(self, run: Any, m: Mirrored) -> None:
         from mlflow.entities import Metric
 
         path = run.run_dir(self.root) / layout.METRICS
-        offset = m.offset if m.offset and mr.tail(path, m.offset) == m.tail else 0
+        offset = m.offset if m.offset and tail(path, m.offset) == m.tail else 0
         got = runlog.read(path, offset)
         if got.refused:
             raise UnsafePath(got.refused)
         points, last = mr.new_points(got.records, m.last)
         if points:
             self._batch(m.mlflow, metrics=[Metric(k, v, t, s) for k, v, t, s in points])
-        m.offset, m.tail, m.last = got.offset, mr.tail(path, got.offset), last
+        m.offset, m.tail, m.last = got.offset, tail(path, got.offset), last
         m.points += len(points)
         self.points += len(points)
 
-    def _files(self, run: Any, m: mr.Mirrored) -> None:
+    def _files(self, run: Any, m: Mirrored) -> None:
         changed = [f for f in mr.run_files(run.run_dir(self.root))
                    if m.files.get(f.key) != list(f.stamp)]
         if not changed:
