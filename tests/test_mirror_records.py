@@ -1,15 +1,22 @@
-"""What a run becomes in MLflow, without a server (gridrun/analysis/mlflow/records.py,
-cursor.py): its name, which
-values are params and which are tags an attempt may change, and which MLflow runs are
-this root's. The mirror itself, against a real server: test_mirror_mlflow*.py."""
+"""What a run becomes in MLflow, without a server (gridrun/analysis/mlflow/records.py):
+its name, which values are params and which are tags an attempt may change, and which
+MLflow runs are this root's; the cursor, whatever its file holds (cursor.py); a tracking
+URI as it is shown (uri.py); what a failed request means (client.py). The mirror
+itself, against a real server and a hostile one: test_mirror_mlflow*.py,
+test_mirror_hostile.py."""
 
 from __future__ import annotations
 
+import errno
 import json
+from dataclasses import asdict
 from types import SimpleNamespace
 
+import pytest
+
 from gridrun.analysis.mlflow import records as mr
-from gridrun.analysis.mlflow.cursor import Cursor, Mirrored
+from gridrun.analysis.mlflow import uri as mu
+from gridrun.analysis.mlflow.cursor import CURSOR, Cursor, Mirrored
 
 
 def row(**fields):
@@ -82,3 +89,89 @@ def test_the_cursor_keeps_the_root_ids_and_each_runs_tags(tmp_path):
     again, note = Cursor.load(tmp_path, "http://x")
     assert note is None and again.roots == ["r00t"] and again.runs["a1"].tags == ["gridrun.error"]
     assert Cursor.load(tmp_path, "http://y")[0].roots == []
+
+
+GOOD = asdict(Mirrored("m1", offset=120, tail="ab" * 32, last={"train/loss": 4}, seq=3,
+                       params=True, files={"config.toml": [10, 20]}, points=8,
+                       tags=["gridrun.error"]))
+
+
+@pytest.mark.parametrize("damage", [
+    {"offset": float("inf")}, {"offset": float("nan")}, {"offset": -7}, {"offset": "120"},
+    {"offset": 1.5}, {"offset": True}, {"offset": 10 ** 30}, {"offset": None},
+    {"seq": float("inf")}, {"seq": -2}, {"last": {"train/loss": float("-inf")}},
+    {"last": ["train/loss"]}, {"files": {"config.toml": [10]}},
+    {"files": {"config.toml": ["10", 20]}}, {"points": -1}, {"tags": "gridrun.error"},
+    {"tags": [3]}, {"mlflow": 7}, {"params": "yes"}, {"tail": 5}])
+def test_a_damaged_cursor_value_reads_as_nothing_sent(tmp_path, damage):
+    (tmp_path / CURSOR).write_text(json.dumps({"http://x": {
+        "runs": {"a1": {**GOOD, **damage}, "b2": GOOD, "c3": "garbage"},
+        "parents": {"s1": {"id": 5}, "s2": "m9"}, "roots": ["r00t", 3, None]}}))
+    cursor, note = Cursor.load(tmp_path, "http://x")
+    assert note is None
+    assert cursor.runs["a1"] == Mirrored() and cursor.runs["c3"] == Mirrored()
+    assert asdict(cursor.runs["b2"]) == GOOD  # the others as they were
+    assert cursor.parents == {"s2": "m9"} and cursor.roots == ["r00t"]
+
+
+def test_a_uri_is_shown_and_kept_without_its_credentials(tmp_path):
+    assert mu.redacted("http://alice:pw@host:5000/x?token=abc&b=1") == \
+        "http://***@host:5000/x?token=***&b=***"
+    assert mu.redacted("https://T0KEN@host") == "https://***@host"
+    for plain in ("http://127.0.0.1:5000", "sqlite:////tmp/x.db", "databricks", "/tmp/mlruns"):
+        assert mu.redacted(plain) == plain
+    assert mu.redacted("postgresql://u:p@db:5432/mlflow") == "postgresql://***@db:5432/mlflow"
+    scrub = mu.Scrubber("http://alice:pa%24%24word@host:5000?token=t0ken9")
+    said = scrub("API request to http://alice:pa%24%24word@host:5000?token=t0ken9/api/2.0/x "
+                 "failed (auth pa$$word; https://bob:other@proxy:3128 ?api_key=k3y&run_id=r1)")
+    assert said == "API request to http://***@host:5000?token=***/api/2.0/x failed (auth ***; " \
+                   "https://***@proxy:3128 ?api_key=***&run_id=r1)"
+    cursor = Cursor(tmp_path, "http://alice:pw@host:5000")
+    cursor.save()
+    assert json.loads((tmp_path / CURSOR).read_text()) == {
+        "http://***@host:5000": {"runs": {}, "parents": {}, "roots": []}}
+
+
+def test_where_a_local_store_writes():
+    assert mu.local_store("sqlite:////etc/x.db") == (mu.Path("/etc/x.db"), False)
+    assert mu.local_store("sqlite:///x.db") == (mu.Path("x.db"), False)
+    assert mu.local_store("sqlite://") is None and mu.local_store("sqlite:///:memory:") is None
+    assert mu.local_store("file:///tmp/ml%20runs") == (mu.Path("/tmp/ml runs"), True)
+    assert mu.local_store("./mlruns") == (mu.Path("mlruns"), True)
+    for server in ("http://h:5000", "https://h", "databricks", "postgresql://u@h/db"):
+        assert mu.local_store(server) is None
+
+
+def test_a_failed_request_is_said_as_what_it_is():
+    pytest.importorskip("mlflow")
+    from mlflow.exceptions import MlflowException, RestException
+
+    from gridrun.analysis.mlflow import client as mc
+
+    def raised(inner: BaseException, outer: BaseException) -> BaseException:
+        try:
+            try:
+                raise inner
+            except BaseException:
+                raise outer  # noqa: B904 - MLflow wraps as this, its context kept
+        except BaseException as e:
+            return e
+
+    assert mc.reason(RestException({"error_code": "INTERNAL_ERROR", "message": "boom"})) == \
+        "HTTP 500 (Internal Server Error): INTERNAL_ERROR: boom"
+    assert mc.reason(MlflowException(
+        "API request to endpoint /api/2.0/mlflow/runs/search failed with error code 502 != 200. "
+        "Response body: '<html><h1>Bad gateway</h1>\nnginx</html>'")) == \
+        "HTTP 502 (Bad Gateway): Bad gateway"
+    assert mc.reason(MlflowException("API request to http://h/api failed with exception "
+                                      "HTTPConnectionPool(host='h', port=80): Max retries "
+                                      "exceeded (Caused by ResponseError('too many 503 error "
+                                      "responses'))")).startswith("HTTP 503 (Service Unavailable)")
+    full = raised(OSError(errno.ENOSPC, "No space left on device"), MlflowException("copy failed"))
+    assert mc.reason(full) == "the disk is full"
+    assert mc.reason(MlflowException("(sqlite3.OperationalError) database or disk is full")) == \
+        "the disk is full"
+    assert mc.reason(MlflowException("API request to http://h/api failed with exception "
+                                      "HTTPConnectionPool(host='h', port=80): Max retries exceeded "
+                                      "(Caused by NewConnectionError('Connection refused'))")) == \
+        "no answer (connection refused)"

@@ -8,7 +8,6 @@ import signal
 import time
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlparse
 
 import typer
 
@@ -16,16 +15,6 @@ from gridrun.commands.common import DEFAULT_ROOT, RootOption, fail, open_root, o
 
 NO_URI = ("no MLflow tracking URI: give --tracking-uri URI or set MLFLOW_TRACKING_URI "
           "(http://127.0.0.1:5000 for a local `mlflow server`)")
-
-
-def _local_path(uri: str) -> Path | None:
-    """Where a local tracking store (a path, file:, sqlite:) keeps its files, else None."""
-    parsed = urlparse(uri)
-    if parsed.scheme in ("", "file"):
-        return Path(parsed.path or uri)
-    if parsed.scheme.startswith("sqlite"):
-        return Path(uri.split(":///", 1)[-1]) if ":///" in uri else None
-    return None
 
 
 class _Signalled(BaseException):
@@ -67,41 +56,52 @@ def mlflow(
     MLflow runs; where each run stopped is kept in ROOT/.mirror-mlflow.json (the one file
     it writes in the root), and what MLflow holds wins over it. With --follow, a server
     that is down is said in one line and tried again with a backoff; runs never wait for it.
+
+    A request has 30 s in all (MLFLOW_HTTP_REQUEST_TIMEOUT), an answer at most 64 MB;
+    credentials in the URI are never printed or kept. Exits 1 when nothing could be sent.
     """
     from gridrun.analysis.mlflow import client as mc
     from gridrun.analysis.mlflow import mirror as mm
+    from gridrun.analysis.mlflow import uri as mu
+    from gridrun.userfiles import RefusedFile
 
     uri = (tracking_uri or "").strip().rstrip("/")
     if not uri:
         fail(NO_URI)
-    local = _local_path(uri)
-    if local is not None and local.resolve().is_relative_to(root.resolve()):
-        fail(f"the tracking store {uri} is inside the runs root {root}: the mirror writes "
-             "nothing there but its cursor; choose a store outside it")
+    scrub = mu.Scrubber(uri)  # every line the mirror says passes through it: no credential
     try:
-        client = mc.client_for(uri)
+        mu.check_local(uri, root)
+    except RefusedFile as e:
+        fail(scrub(str(e)))
+    try:
+        client = mc.client_for(uri, note=lambda line: say(f"note: {line}"))
     except mc.MLflowMissing as e:
         fail(str(e))
     except Exception as e:  # a URI MLflow does not take
-        fail(f"cannot use the tracking URI {uri}: {mc.reason(e)}")
+        fail(scrub(f"cannot use the tracking URI {scrub.shown}: {mc.reason(e)}"))
     if follow:
-        _follow(root, client, uri, every)
+        _follow(root, client, uri, scrub, every)
         return
     with open_store(root, write=False) as store:
-        mirror = _mirror(root, store, client, uri)
+        mirror = _mirror(root, store, client, uri, scrub)
         mirror.read(store)
         try:
             mirror.step()
         except Exception as e:
-            fail(f"could not send to {uri}: {mc.reason(e)}; {mm.waits(mirror.waiting())}; "
-                 "what was sent stays (run it again to send the rest)", 1)
-        runs = mirror.mirrored()
-        typer.echo(f"mirrored {runs} run{'s' * (runs != 1)} to {uri}: {mirror.created} new, "
-                   f"{mirror.points:,} metric points, {mirror.files} files sent")
+            fail(scrub(f"could not send to {scrub.shown}: {mc.reason(e)}; "
+                       f"{mm.waits(mirror.waiting())}; what was sent stays (run it again to "
+                       "send the rest)"), 1)
+        runs, refused = mirror.mirrored(), mirror.refused_runs()
+        typer.echo(f"mirrored {runs} run{'s' * (runs != 1)} to {scrub.shown}: {mirror.created} "
+                   f"new, {mirror.points:,} metric points, {mirror.files} files sent"
+                   + (f"; {refused} refused (said above)" if refused else ""))
+        if refused and not runs:  # nothing could be sent: a script must not read success
+            raise typer.Exit(1)
 
 
-def _mirror(root: Path, store: Any, client: Any, uri: str) -> Any:
-    """The mirror of `root`'s runs, from where its cursor says it stopped."""
+def _mirror(root: Path, store: Any, client: Any, uri: str, scrub: Any) -> Any:
+    """The mirror of `root`'s runs, from where its cursor says it stopped; what it says
+    passes through `scrub` (analysis/mlflow/uri.py)."""
     from gridrun.analysis.mlflow import mirror as mm
     from gridrun.analysis.mlflow.cursor import Cursor
     from gridrun.runs.layout import UnsafePath
@@ -115,7 +115,8 @@ def _mirror(root: Path, store: Any, client: Any, uri: str) -> Any:
         fail(str(e))
     if note:
         say(f"note: {note}")
-    return mm.Mirror(root, client, cursor, tell=typer.echo, warn=say)
+    return mm.Mirror(root, client, cursor, tell=lambda line: typer.echo(scrub(line)),
+                     warn=lambda line: say(scrub(line)))
 
 
 def _await_store(root: Path, every: float) -> None:
@@ -135,17 +136,17 @@ def _await_store(root: Path, every: float) -> None:
         time.sleep(every)
 
 
-def _follow(root: Path, client: Any, uri: str, every: float) -> None:
+def _follow(root: Path, client: Any, uri: str, scrub: Any, every: float) -> None:
     from gridrun.analysis.mlflow import mirror as mm
     from gridrun.analysis.mlflow.cursor import CURSOR
 
     previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        typer.echo(f"mirroring the runs to {uri} (ctrl-c stops; where it stopped: "
+        typer.echo(f"mirroring the runs to {scrub.shown} (ctrl-c stops; where it stopped: "
                    f"{root / CURSOR})")
         _await_store(root, every)
         with open_store(root, write=False) as store:
-            mm.follow(_mirror(root, store, client, uri), store, uri, every)
+            mm.follow(_mirror(root, store, client, uri, scrub), store, scrub.shown, every)
     except (KeyboardInterrupt, _Signalled) as e:
         with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
             typer.echo(f"mirror stopped{f' ({e})' if isinstance(e, _Signalled) else ''}")

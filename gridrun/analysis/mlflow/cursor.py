@@ -1,13 +1,18 @@
 """How far `gridrun mirror mlflow` has sent each run: the cursor (no mlflow here).
 
-The cursor (`Cursor`, ROOT/.mirror-mlflow.json, keyed by tracking URI, written
-atomically and never through a link) keeps per run its MLflow run, the byte offset
-its metrics log was read to (with a hash of the bytes before it, `tail`: a log cut by a
-resume is read again from the start), the last step sent per metric, the store row's
-`seq` last mirrored, the files and tags sent; and the root ids this root sent runs
-under. MLflow is the truth: the mirror checks the cursor against it at start
-(mirror.py), and a point is sent only at a step past the last one MLflow holds for its
-metric, so nothing is sent twice.
+The cursor (`Cursor`, ROOT/.mirror-mlflow.json, keyed by the tracking URI as it is shown,
+its credentials hidden: uri.redacted; written atomically and never through a link)
+keeps per run its MLflow run, the byte offset its metrics log was read to (with a hash
+of the bytes before it, `tail`: a log cut by a resume is read again from the start), the
+last step sent per metric, the store row's `seq` last mirrored, the files and tags sent;
+and the root ids this root sent runs under. MLflow is the truth: the mirror checks the
+cursor against it at start (mirror.py), and a point is sent only at a step past
+the last one MLflow holds for its metric, so nothing is sent twice.
+
+The file is untrusted input (a person or a program may have written anything in it): a
+value not of its shape (Infinity, NaN, a negative offset, a string for a number) makes its
+run's entry read as nothing sent, which costs a read of MLflow's state and of the run's
+log, never a point sent twice.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gridrun.analysis.mlflow.uri import redacted
 from gridrun.runs import nofollow
 from gridrun.runs.layout import UnsafePath
 
@@ -43,7 +49,6 @@ def tail(path: Path, offset: int) -> str:
     return hashlib.sha256(data).hexdigest() if len(data) == min(offset, TAIL) else ""
 
 
-
 @dataclass
 class Mirrored:
     """How far one run is in MLflow."""
@@ -60,16 +65,44 @@ class Mirrored:
 
     @classmethod
     def of(cls, data: Any) -> Mirrored:
+        """An entry as the cursor file holds it; one whose any value is not of its shape
+        (Infinity, NaN, a negative offset, a string for a number) reads as nothing sent:
+        MLflow then says where the run is, and a step it holds is never sent again."""
         try:
-            mlflow = data.get("mlflow")
-            return cls(mlflow if isinstance(mlflow, str) else None, int(data["offset"]),
-                       str(data.get("tail", "")),
-                       {str(k): int(v) for k, v in (data.get("last") or {}).items()},
-                       int(data.get("seq", -1)), bool(data.get("params")),
-                       {str(k): [int(x) for x in v] for k, v in (data.get("files") or {}).items()},
-                       int(data.get("points", 0)), [str(k) for k in data.get("tags") or ()])
-        except (AttributeError, KeyError, TypeError, ValueError):
+            if not isinstance(data, dict):
+                raise TypeError(data)
+            files, last = data.get("files") or {}, data.get("last") or {}
+            tags, mlflow = data.get("tags") or [], data.get("mlflow")
+            if not (isinstance(files, dict) and isinstance(last, dict) and isinstance(tags, list)
+                    and isinstance(data.get("tail", ""), str) and isinstance(mlflow, str | None)
+                    and isinstance(data.get("params", False), bool)
+                    and all(isinstance(t, str) for t in tags)):
+                raise TypeError(data)
+            return cls(mlflow, _whole(data["offset"], 0), data.get("tail", ""),
+                       {str(k): _whole(v, -_WHOLE_MAX) for k, v in last.items()},
+                       _whole(data.get("seq", -1), -1), data.get("params", False),
+                       {str(k): _stamp(v) for k, v in files.items()},
+                       _whole(data.get("points", 0), 0), list(tags))
+        except (KeyError, TypeError, ValueError):
             return cls()  # MLflow says where it is (the check at start)
+
+
+_WHOLE_MAX = 1 << 62  # past any offset, step or count a run reaches; what a seek takes
+
+
+def _whole(value: Any, least: int) -> int:
+    """`value`, a JSON integer from `least` to _WHOLE_MAX; else ValueError (a float, a bool,
+    Infinity, NaN, a string: a damaged cursor)."""
+    if type(value) is not int or not least <= value < _WHOLE_MAX:
+        raise ValueError(value)
+    return value
+
+
+def _stamp(value: Any) -> list[int]:
+    """A file's [size, mtime_ns] as sent."""
+    if not isinstance(value, list) or len(value) != 2:
+        raise ValueError(value)
+    return [_whole(v, -_WHOLE_MAX) for v in value]
 
 
 class Cursor:
@@ -78,16 +111,20 @@ class Cursor:
     store's before a rebuild). The entries of other URIs are kept as they are."""
 
     def __init__(self, root: Path, uri: str, data: dict[str, Any] | None = None) -> None:
-        self.path, self.uri = Path(root) / CURSOR, uri
-        self.data = data if isinstance(data, dict) else {}
-        mine = self.data.get(uri) if isinstance(self.data.get(uri), dict) else {}
+        # keyed by the URI as shown: a password or a token is never written (an entry an
+        # older gridrun keyed with one is kept under the shown URI, and the secret dropped)
+        self.path, self.uri = Path(root) / CURSOR, redacted(uri)
+        self.data: dict[str, Any] = {}
+        for key, value in (data.items() if isinstance(data, dict) else ()):
+            self.data.setdefault(redacted(str(key)), value)
+        mine = self.data.get(self.uri) if isinstance(self.data.get(self.uri), dict) else {}
         runs, parents = mine.get("runs"), mine.get("parents")  # untrusted: what is not of
         self.runs = {str(k): Mirrored.of(v)  # the shape reads as nothing sent
                      for k, v in (runs.items() if isinstance(runs, dict) else ())}
-        self.parents = {str(k): str(v)
-                        for k, v in (parents.items() if isinstance(parents, dict) else ())}
+        self.parents = {str(k): v for k, v in (parents.items() if isinstance(parents, dict)
+                                               else ()) if isinstance(v, str)}
         roots = mine.get("roots")
-        self.roots = [str(r) for r in roots] if isinstance(roots, list) else []
+        self.roots = [r for r in roots if isinstance(r, str)] if isinstance(roots, list) else []
 
     @classmethod
     def load(cls, root: Path, uri: str) -> tuple[Cursor, str | None]:

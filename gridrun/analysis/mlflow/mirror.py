@@ -43,7 +43,7 @@ from gridrun.runs.layout import UnsafePath
 
 BACKOFF_CAP = 16.0  # seconds between tries while the server fails
 SETTLE = 30  # steps an ended run's files are looked at again until its summary says its state
-PAGE = 1000
+PAGE = 500  # runs a search answers: a few kB of JSON each, far under bounds.ANSWER_CAP
 
 
 class _Skip(Exception):
@@ -107,11 +107,19 @@ class Mirror:
     def waiting(self) -> list[str]:
         """The runs with something still to send (ids)."""
         return [i for i, r in self.rows.items() if (i in self.dirty or r.status == states.RUNNING)
-                and i not in self.refused and not self._not_yet(r)]
+                and not self._is_refused(r) and not self._not_yet(r)]
 
     def mirrored(self) -> int:
-        """How many runs of the store the mirror has something of (all but those never started)."""
-        return sum(not self._not_yet(r) for r in self.rows.values())
+        """How many runs of the store the mirror has something of (all but those never started
+        and those refused)."""
+        return sum(not self._not_yet(r) and not self._is_refused(r) for r in self.rows.values())
+
+    def refused_runs(self) -> int:
+        """How many runs of the store were refused (said once each, or by their experiment)."""
+        return sum(not self._not_yet(r) and self._is_refused(r) for r in self.rows.values())
+
+    def _is_refused(self, run: Any) -> bool:
+        return run.id in self.refused or f"experiment {run.experiment}" in self.refused
 
     @staticmethod
     def _not_yet(run: Any) -> bool:
@@ -129,8 +137,7 @@ class Mirror:
             ended += [i for i in self.settling if i in self.rows]
             for run_id in dict.fromkeys([*self.waiting(), *ended]):
                 run = self.rows[run_id]
-                if run_id in self.refused or self._not_yet(run) or \
-                        f"experiment {run.experiment}" in self.refused:
+                if self._is_refused(run) or self._not_yet(run):
                     continue
                 try:
                     self._sync(run)
@@ -348,7 +355,9 @@ class Mirror:
         from mlflow.entities import Metric
 
         path = run.run_dir(self.root) / layout.METRICS
-        offset = m.offset if m.offset and tail(path, m.offset) == m.tail else 0
+        # from the start unless the log still holds the bytes the cursor hashed (a cursor
+        # with no hash names no offset: steps MLflow holds are left out either way)
+        offset = m.offset if m.offset and m.tail and tail(path, m.offset) == m.tail else 0
         got = runlog.read(path, offset)
         if got.refused:
             raise UnsafePath(got.refused)
