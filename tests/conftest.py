@@ -103,3 +103,23 @@ def virtual_sleep(monkeypatch):
     for module in (helper_tasks, diagnostics, meter):
         monkeypatch.setattr(module, "time", clock)
     return clock
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real MLflow tracking server for the test module that asks for it (the mirror's
+    tests), stopped at the module's end."""
+    from mlflow_kit import Server
+
+    s = Server(tmp_path_factory.mktemp("mlflow"))
+    s.start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """An MLflow client of the module's `server`."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=server.uri)

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("mlflow", reason="needs the mlflow package (pip install 'gridrun[mlflow]')")
 
 from mlflow_fake import FakeServer, mlflow_error
-from mlflow_kit import Server, difference, points_held, record_run
+from mlflow_kit import difference, points_held, record_run
 from test_engine_kit import make_run
 from typer.testing import CliRunner
 
@@ -66,21 +66,6 @@ def store_rows(root: Path) -> list:
 def cursor_text(root: Path) -> str:
     path = root / CURSOR
     return path.read_text() if path.exists() else ""
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("mlflow"))
-    s.start()
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=server.uri)
 
 
 # ---- a server that trickles, fails or floods ----------------------------------------------

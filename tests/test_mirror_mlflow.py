@@ -19,7 +19,6 @@ pytest.importorskip("mlflow", reason="needs the mlflow package (pip install 'gri
 
 from mlflow_kit import (
     MirrorProcess,
-    Server,
     difference,
     mlflow_runs,
     points_held,
@@ -37,21 +36,6 @@ SLOTS = EngineConfig(cpu_slots=2)
 # a server, four mirrors and three queues: minutes on a loaded machine, so no timeout of
 # its own (pytest-timeout's global hour guards a hang); the waits count quiet seconds
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("mlflow"))
-    s.start()
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=server.uri)
 
 
 def gated_queue(folder, experiment: str) -> tuple:

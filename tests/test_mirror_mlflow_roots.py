@@ -18,7 +18,6 @@ pytest.importorskip("mlflow", reason="needs the mlflow package (pip install 'gri
 
 from mlflow_kit import (
     MirrorProcess,
-    Server,
     attempt,
     difference,
     mlflow_runs,
@@ -36,21 +35,6 @@ from gridrun.runs.store import Store
 
 # a server and a dozen mirrors: no timeout of its own (the waits count quiet seconds)
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("mlflow"))
-    s.start()
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=server.uri)
 
 
 def mirror(root, uri: str) -> str:
