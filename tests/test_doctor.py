@@ -307,7 +307,7 @@ def test_doctor_on_a_healthy_root(copy):
     assert code == 0, out
     assert [line.split()[:2] for line in out.splitlines()] == [
         ["ok", "root"], ["ok", "store"], ["ok", "disk"], ["ok", "engine"], ["ok", "heartbeat"],
-        ["ok", "temporaries"], ["ok", "gpu"], ["ok", "environment"]]
+        ["ok", "temporaries"], ["ok", "ledger"], ["ok", "gpu"], ["ok", "environment"]]
     assert "integrity ok; 4 completed, 2 failed" in out
     assert "engine not running; its last heartbeat was" in out  # the engine beat while it ran
 

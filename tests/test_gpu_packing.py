@@ -310,7 +310,9 @@ def test_an_unmeasured_shape_runs_alone_then_its_shape_is_packed_by_what_it_meas
     starts = sorted(e for e in events if e[1] == "start")
     first = starts[0][2]
     ended_first = min(e[0] for e in events if e[1] == "end" and e[2] == first)
-    assert starts[0][3] == TOTAL  # the GPU to itself: all of it, and no more
+    # the GPU to itself: all NVML says is free (the fake says 3 GiB are used), less the
+    # headroom, and no more
+    assert starts[0][3] == TOTAL - 3 * GIB - packing.HEADROOM
     assert all(t > ended_first for t, *_ in starts[1:])  # nothing beside it
     with Store(root) as store:
         measured = packing.measured(store.list_runs(ids=[first])[0].summary)
@@ -420,7 +422,10 @@ def test_the_sharing_writes_again_what_it_could_not_write():
     from gridrun.engine.sharing import Sharing
 
     class Flaky:
-        problem = busy = None
+        problem = busy = unread = None
+
+        def intact(self):
+            return True
 
         def __init__(self):
             self.tries, self.written = 0, []
@@ -459,7 +464,8 @@ def test_a_run_held_to_a_whole_gpu_that_runs_out_has_its_batch_halved(tmp_path, 
     assert not errors, errors
     with Store(root) as store:
         row = store.get_run(hog.id)
-    assert next(e[3] for e in events if e[1] == "start") == small  # all of the GPU, no more
+    # all of the GPU NVML says is free, less the headroom, and no more
+    assert next(e[3] for e in events if e[1] == "start") == small - packing.HEADROOM
     assert row.status == states.OOM
     assert [a["kind"] for a in row.adjustments] == ["oom"]  # the batch halved, once
     assert row.adjustments[0]["batch_size"] == [64, 32]

@@ -225,6 +225,25 @@ def check_temporaries(root: Path, store: Any) -> Check:
                  f"safe to delete: {shown}", tuple(map(str, found)))
 
 
+def check_ledger(root: Path, store: Any = None) -> Check:
+    """The machine's GPU ledger (checks/ledgercheck.py): its folder, owner, mode, free
+    space, and the entry of this root's engine when it runs with GPUs."""
+    from gridrun.checks.ledgercheck import survey
+    from gridrun.engine import daemon, packing
+
+    book, pid = {}, None
+    with contextlib.suppress(Exception):  # an unreadable store: the folder alone
+        st = daemon.status(root, store=store) if store is not None else None
+        if st is not None and st.running and isinstance(got := store.get_state(packing.STATE), dict):
+            book, pid = got, st.pid  # an engine with GPUs: it has an entry
+    folder = book.get("folder") if isinstance(book.get("folder"), str) else None
+    said = book.get("ledger") if isinstance(book.get("ledger"), str) else None
+    s = survey(folder, engine_pid=pid, said=said)
+    status = FAIL if s.problems else WARN if s.warnings else OK
+    return Check("ledger", status, f"the GPU ledger {s.folder}: "
+                 + "; ".join([*s.problems, *s.warnings, *s.facts]))
+
+
 def check_gpu() -> Check:
     """NVML's GPUs against torch's: a CPU machine is fine; a GPU torch cannot use is not."""
     from gridrun.engine.telemetry import Telemetry
@@ -308,7 +327,8 @@ def run_checks(root: str | os.PathLike, *, gpu: bool = True) -> list[Check]:
     store_check, store = check_store(root)
     try:
         checks += [store_check, check_disk(root), check_engine(root, store),
-                   check_heartbeat(root, store), check_temporaries(root, store)]
+                   check_heartbeat(root, store), check_temporaries(root, store),
+                   check_ledger(root, store)]
     finally:
         if store is not None:
             store.close()

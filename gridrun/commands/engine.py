@@ -236,10 +236,10 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
                       "--json", help="One JSON object: running, starting, pid, responding, "
                       "heartbeat_age, paused, counts, log, foreign_gpus, gpu_memory (each GPU's memory: "
                       "committed by this engine's runs, by other engines, used by others' "
-                      "processes, free; why the queue waits for memory).")] = False) -> None:
+                      "processes, free; why the queue waits for memory), nvml (why NVML fails).")] = False) -> None:
     """Whether the engine runs, the queue's counts, and why queued runs wait (threads,
     slots, GPUs other users' processes take, GPU memory)."""
-    from gridrun.engine import daemon, foreign, packing
+    from gridrun.engine import daemon, foreign, packing, sampling
 
     with _reader(root) as store:
         st = daemon.status(root, store=store)
@@ -248,6 +248,7 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
         short = store.get_state("slots_wait") if st.running else None  # scheduler.SLOTS_WAIT
         others = store.get_state(foreign.STATE) if st.running else None  # scheduler.FOREIGN
         book = store.get_state(packing.STATE) if st.running else None  # the memory book
+        nvml = store.get_state(sampling.NVML) if st.running else None  # NVML there but failing
     cap = cap if isinstance(cap, dict) and counts.get("queued") else None
     short = short if isinstance(short, dict) and counts.get("queued") else None
     if as_json:
@@ -256,7 +257,7 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
                                "waiting_for_space": st.waiting_for_space, "free_bytes": st.free_bytes,
                                "state": st.state, "paused": paused, "counts": counts,
                                "log": str(st.log), "cpu_cap": cap, "slots_wait": short,
-                               "foreign_gpus": others, "gpu_memory": book}))
+                               "foreign_gpus": others, "gpu_memory": book, "nvml": nvml}))
         return
     state = "not running" if not st.running else (
         f"starting its backend (pid {st.pid})" if st.starting else f"running (pid {st.pid})")
@@ -281,7 +282,7 @@ def engine_status(root: RootOption = DEFAULT_ROOT,
         typer.echo(line)
     if counts.get("queued") and (line := foreign.waits_line(others)):
         typer.echo(line)
-    for line in packing.book_lines(book):  # each GPU's memory; why the queue waits for it
+    for line in [*sampling.nvml_lines(nvml), *packing.book_lines(book)]:  # GPUs' memory, waits
         typer.echo(line)
 
 

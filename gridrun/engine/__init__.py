@@ -13,7 +13,8 @@ slots, telemetry, and the backends (local, ray, slurm) that launch each run.
     foreign    others' processes on the GPUs: which GPUs are taken, and the lines that say so
     sampling   telemetry and the GPUs' processes, each sampled on its own clock
     packing    GPU memory: a run's shape and budget, each GPU's room (pure)
-    ledger     the machine-wide record of what every engine commits on each GPU
+    ledger     the machine-wide record of what every engine commits on each GPU (fail closed)
+    entries    other users' entries in it: bounded, cached, and which runs are verifiably theirs
     sharing    the engine's memory book: placing under the ledger's lock, its store state
     backends/  launch a run on a slot, stream its events, cancel it
 

@@ -3,13 +3,17 @@ engine's runs, the GPUs they take, the store state that says so (STATE: the sche
 FOREIGN) and its lines for people (`engine status`, `gridrun ls`).
 
 - A process on a GPU is this engine's when it is an active run's process or a
-  descendant of one (a run on several devices starts its ranks as its children); any
-  other is foreign: a colleague's, a `gridrun train` in a terminal, another gridrun
-  engine's runs.
+  descendant of one (a run on several devices starts its ranks as its children), and
+  another engine's run only when the ledger's entry of that engine says so and it is
+  verifiably true (engine/entries.py: its owner's, below that engine's live process);
+  any other is foreign: a colleague's, a `gridrun train` in a terminal, a run whose
+  engine was killed, whatever an entry claims of it.
 - A GPU is taken when a foreign process there uses more than MIN_BYTES of its memory,
   or NVML does not say how much. Under `[engine] foreign = "avoid"` (the default) no
   new run starts on it (`placement.plan` leaves its slots out); runs already there go
-  on. Under `"share"` runs start there beside it, and the GPU is still named.
+  on. Under `"share"` runs start there beside it, and the GPU is still named. Either
+  way every byte a foreign process uses, however small, is out of the GPU's room
+  (`Watch.memory`, engine/packing.py).
 - The processes are sampled every `processes_every` seconds: a run may start on a GPU
   in the seconds between someone's start there and the next sample.
 """
@@ -56,20 +60,30 @@ def nested_pid_namespace() -> bool:
         return False
 
 
-def taken(procs: Iterable[Any], run_pids: Collection[int], *, keys: Collection[Any] | None = None,
-          held: Collection[int] = (), blind: bool = False, min_bytes: int = MIN_BYTES,
-          ours: Callable[[int, Collection[int]], bool | None] = owner) -> list[dict[str, Any]]:
-    """The GPUs foreign processes take, in GPU order, each with those processes (pid,
-    user, memory), from telemetry's GpuProcess records. `keys`: the GPUs the engine has
-    (indices or UUIDs; None: every one); `blind` (a PID namespace of its own): a process
-    that cannot be seen on a GPU one of the engine's runs holds (`held`) is that run's."""
-    gpus: dict[int, dict[str, Any]] = {}
+def strangers(procs: Iterable[Any], run_pids: Collection[int], *,
+              keys: Collection[Any] | None = None, held: Collection[int] = (), blind: bool = False,
+              ours: Callable[[int, Collection[int]], bool | None] = owner) -> list[Any]:
+    """The foreign processes of telemetry's GpuProcess records: on the engine's GPUs
+    (`keys`: indices or UUIDs; None: every one) and not of `run_pids` nor below one;
+    `blind` (a PID namespace of its own): a process that cannot be seen on a GPU one of
+    the engine's runs holds (`held`) is that run's."""
+    out = []
     for p in procs:
         if keys is not None and p.gpu not in keys and p.uuid not in keys:
             continue
         mine = ours(p.pid, run_pids)
-        if mine or (mine is None and blind and p.gpu in held):
-            continue
+        if not (mine or (mine is None and blind and p.gpu in held)):
+            out.append(p)
+    return out
+
+
+def taken(procs: Iterable[Any], run_pids: Collection[int], *, keys: Collection[Any] | None = None,
+          held: Collection[int] = (), blind: bool = False, min_bytes: int = MIN_BYTES,
+          ours: Callable[[int, Collection[int]], bool | None] = owner) -> list[dict[str, Any]]:
+    """The GPUs foreign processes (`strangers`) take, in GPU order, each with those
+    processes (pid, user, memory): a process over `min_bytes`, or of unknown memory."""
+    gpus: dict[int, dict[str, Any]] = {}
+    for p in strangers(procs, run_pids, keys=keys, held=held, blind=blind, ours=ours):
         if p.mem_bytes is not None and p.mem_bytes <= min_bytes:
             continue
         gpu = gpus.setdefault(p.gpu, {"gpu": p.gpu, "uuid": p.uuid, "processes": []})
@@ -85,20 +99,34 @@ class Watch:
         self.policy = policy if policy in POLICIES else AVOID
         self.listed: list[dict[str, Any]] = []  # {"pid", "gpu", "run_id"}: the telemetry sample's
         self.gpus: list[dict[str, Any]] = []
+        self.bytes: dict[Any, int] = {}  # GPU (index and UUID) -> every foreign byte there
+        self.runs: list[Any] = []  # the listed processes that are runs (ours, other engines')
         self._before: set[int] = set()  # the previous sample's run pids
 
     def sample(self, telemetry: Any, runs: Mapping[int, str], keys: Collection[Any],
-               held: Collection[int], friends: Collection[int] = ()) -> bool:
+               held: Collection[int],
+               friends: Collection[int] | Callable[[list[int]], Collection[int]] = ()) -> bool:
         """A new sample (`runs`: the active runs' pids; `friends`: other gridrun engines'
-        runs, which the ledger counts); True when the GPUs taken, or who takes them,
+        runs, which the ledger counts, or what verifies them among the listed processes:
+        engine/sharing.Sharing.verify); True when the GPUs taken, or who takes them,
         changed. Without GPU slots nothing is taken."""
         self.listed = [{"pid": pid, "gpu": gpu, "run_id": runs.get(pid)}
                        for pid, gpu in telemetry.processes().items()]
         listed = getattr(telemetry, "gpu_processes", None)
+        procs = listed() if keys and listed is not None else []
         # a run that ended since the last sample is ours still: its process may linger there
-        ours, self._before = set(runs) | self._before | set(friends), set(runs)
-        gpus = taken(listed(), ours, keys=keys, held=held, blind=nested_pid_namespace()) \
-            if keys and listed is not None else []
+        ours, self._before = set(runs) | self._before, set(runs)
+        if callable(friends):
+            friends = friends([p.pid for p in procs if p.pid not in ours])
+        ours |= set(friends)
+        others = strangers(procs, ours, keys=keys, held=held, blind=nested_pid_namespace())
+        strange = {id(p) for p in others}
+        self.runs = [p for p in procs if id(p) not in strange and (p.gpu in keys or p.uuid in keys)]
+        gpus = taken(others, (), min_bytes=MIN_BYTES, ours=lambda pid, runs: False)
+        self.bytes = {}
+        for p in others:
+            for key in {p.gpu, p.uuid} - {None}:
+                self.bytes[key] = self.bytes.get(key, 0) + (p.mem_bytes or 0)
         changed = who(gpus) != who(self.gpus)
         self.gpus = gpus
         return changed
@@ -110,13 +138,9 @@ class Watch:
         return frozenset(k for g in self.gpus for k in (g["gpu"], g.get("uuid")) if k is not None)
 
     def memory(self) -> dict[Any, int]:
-        """GPU (index and UUID) -> the memory others' processes use there (packing's rooms)."""
-        out: dict[Any, int] = {}
-        for g in self.gpus:
-            used = sum(p.get("mem_bytes") or 0 for p in g["processes"])
-            for key in {g.get("gpu"), g.get("uuid")} - {None}:
-                out[key] = used
-        return out
+        """GPU (index and UUID) -> every byte others' processes use there, however small
+        each (packing's rooms; memory NVML does not report counts in NVML's used)."""
+        return dict(self.bytes)
 
     def state(self, waits: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         """STATE's value: the taken GPUs and, under "avoid", the first queued run that

@@ -5,20 +5,23 @@ It lives in /dev/shm/gridrun-ledger (tmpfs: cleared at reboot, as the GPUs are),
 folder GRIDRUN_LEDGER names, or in /tmp/gridrun-ledger on a machine without /dev/shm. Each
 engine (each Ledger object: two engines may share a process) keeps one entry,
 `UID.PID.TOKEN.json`: its pid and start time, the bytes it committed per GPU, the CPU
-threads its runs hold and their pids. Why that is safe on a shared machine:
+threads its runs hold and their pids. It is a boundary between users, so:
 
+- NVML is the truth and an entry only adds: what entries commit is counted on top of
+  what NVML says is used, never instead of it (engine/sharing.py), and a process is
+  another engine's run only when verifiably so (engine/entries.py).
 - The folder is sticky (1777): no one but the folder's owner can replace or remove
   another's entry. Whoever comes first creates it, so an admin who wants no user to own
   it creates it as root at boot (tmpfiles.d: `d /dev/shm/gridrun-ledger 1777 root root`).
-  A symlink, or a folder without the sticky bit, is refused, and `problem` says in one
-  line that this engine does not coordinate.
-- Entries are numbers and pids only, read without following links or blocking on a FIFO,
-  at most MAX_ENTRY bytes, from files owned by the uid their name says. Anything else is
-  ignored, never an error.
-- An entry lives while its engine does (pid and start time) or while one of its runs
-  does (their engine was killed, they go on): each of those processes must belong to
-  the entry's owner, so an entry cannot borrow a stranger's process to stay alive. A
-  dead entry is ignored, and removed when it is ours (or we are root).
+  A symlink, or a folder without the sticky bit, is refused (`problem`). The folder's
+  owner may still remove entries: each engine looks at its own every tick (`intact`)
+  and writes it again, and says whose folder it is.
+- Fail closed: an engine whose entry cannot be written (a full file system, a folder it
+  may not write in) or whose folder cannot be read knows nothing safe about the GPUs'
+  memory: `blocked` says why in one line (which file system, how full, whose folder) and
+  what to do, and the engine starts no GPU run until it clears.
+- Entries are read as other users' files (engine/entries.py): bounded in size, in
+  number per owner, and cached while unchanged.
 - The lock is a flock on the folder itself (nothing to unlink or replace) with a short
   bounded wait; one held longer (a stuck engine, or a user holding it on purpose) is
   gone around: `held` yields False, `busy` says so, and the engine places without it
@@ -31,30 +34,25 @@ PIDs need a GRIDRUN_LEDGER each.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
-import math
 import os
-import re
 import secrets
 import stat
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
-from gridrun.engine.backends.child import alive, process_start_time
+from gridrun.engine.backends.child import process_start_time
+from gridrun.engine.entries import MAX_ENTRY, PER_OWNER, Entry, Reader, user_name  # noqa: F401
 
 DEFAULT = "/dev/shm/gridrun-ledger"
 ENV = "GRIDRUN_LEDGER"
-MAX_ENTRY = 64 << 10  # bytes; a bigger entry is ignored
-ENTRY_NAME = re.compile(r"(?P<uid>\d{1,10})\.(?P<pid>\d{1,10})\.[0-9a-f]{1,64}\.json")
-MAX_GPU_BYTES, MAX_THREADS, MAX_PIDS, MAX_GPUS, MAX_KEY = 1 << 50, 1 << 20, 4096, 1024, 128
-PID_LIMIT = 1 << 22  # Linux's PID_MAX_LIMIT
 FIX = "ask the admin to remove it, or set GRIDRUN_LEDGER to another folder"
-READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # no link, no FIFO wait
+ADMIN = "an admin can create it as root at boot (tmpfiles.d: d {folder} 1777 root root)"
 CREATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY | os.O_CLOEXEC
 
 log = logging.getLogger("gridrun.engine")
@@ -62,16 +60,6 @@ log = logging.getLogger("gridrun.engine")
 
 class _Unusable(Exception):
     """What is wrong with the folder and what to do, after "the GPU ledger FOLDER"."""
-
-
-@dataclass(frozen=True)
-class Entry:
-    uid: int  # the file's owner (st_uid), never what the file says
-    pid: int
-    start_time: float
-    gpus: dict[str, int]  # GPU key ("GPU-<uuid>" or "index:N") -> bytes committed there
-    threads: int
-    pids: tuple[int, ...]  # its runs' pids: not foreign processes
 
 
 def default_folder() -> Path:
@@ -87,12 +75,16 @@ class Ledger:
     def __init__(self, folder: str | os.PathLike | None = None, *, wait: float = 0.5) -> None:
         self.folder = Path(folder) if folder is not None else default_folder()
         self.wait = wait
-        self.problem: str | None = None
+        self.problem: str | None = None  # the folder cannot be used at all
         self.busy: str | None = None  # the lock was not had the last time: why, in one line
-        self.ignored = 0  # malformed entries the last others() passed over
+        self.unwritten: str | None = None  # our entry could not be written the last time
+        self.unread: str | None = None  # the folder could not be listed the last time
+        self.removed: str | None = None  # someone removed or changed our entry: whose folder
         self._uid, self._pid = os.geteuid(), os.getpid()
         self._start_time = process_start_time(self._pid)
         self._name = f"{self._uid}.{self._pid}.{secrets.token_hex(8)}.json"
+        self._written: tuple[int, ...] | None = None  # our entry's file as we left it
+        self._reader = Reader()
         self._warned: set[str] = set()
         self._fds: list[int] = []
         weakref.finalize(self, _close_all, self._fds)
@@ -104,6 +96,49 @@ class Ledger:
             why = e if isinstance(e, _Unusable) else f"cannot be used: {e.strerror or e}; {FIX}"
             self.problem = f"the GPU ledger {self.folder} {why}"
             _close_all(self._fds)
+
+    # ---- what others wrote ---------------------------------------------------------------
+
+    @property
+    def ignored(self) -> int:
+        """Malformed entries the last pass passed over."""
+        return self._reader.ignored
+
+    @property
+    def opened(self) -> int:
+        """Entry files the last pass read (the unchanged ones are cached)."""
+        return self._reader.opened
+
+    @property
+    def passed_over(self) -> dict[int, int]:
+        """uid -> that user's entries beyond entries.PER_OWNER, never read."""
+        return self._reader.passed_over
+
+    def others(self, max_age: float = 0.0) -> list[Entry]:
+        """The live entries of other engines (another Ledger in this process included);
+        stale ones we may remove are removed. `max_age`: seconds a pass's verdict on
+        which engines live may serve (new and rewritten entries are always read)."""
+        if self.problem:
+            return []
+        try:
+            found = self._reader.read(self._dir, str(self.folder), self._name, self._uid, max_age)
+        except OSError as e:
+            self.unread = (f"the GPU ledger {self.folder} cannot be read ({e.strerror}): what "
+                           "other engines commit is unknown")
+            self._warn(self.unread)
+            return []
+        self.unread = None
+        if self.ignored:
+            log.debug("GPU ledger %s: ignored %d malformed entries", self.folder, self.ignored)
+        return found
+
+    def notes(self) -> list[str]:
+        """Lines for `engine status`: owners whose entries were passed over."""
+        return [f"the GPU ledger {self.folder} holds {n + PER_OWNER} entries of "
+                f"{user_name(uid)}: only the first {PER_OWNER} are read"
+                for uid, n in sorted(self.passed_over.items())]
+
+    # ---- our entry -------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def held(self) -> Iterator[bool]:
@@ -117,39 +152,11 @@ class Ledger:
         finally:
             fcntl.flock(self._dir, fcntl.LOCK_UN)
 
-    def others(self) -> list[Entry]:
-        """The live entries of other engines (another Ledger in this process included);
-        stale ones we may remove are removed."""
-        if self.problem:
-            return []
-        try:
-            names = sorted(os.listdir(self._dir))
-        except OSError as e:
-            self._warn(f"the GPU ledger {self.folder} cannot be read: {e.strerror}")
-            return []
-        found: list[Entry] = []
-        self.ignored = 0
-        for name in names:
-            match = ENTRY_NAME.fullmatch(name)
-            if match is None or name == self._name:
-                continue
-            entry = self._read(name, int(match["uid"]), int(match["pid"]))
-            if entry is None:
-                self.ignored += 1
-            elif living(entry):
-                found.append(entry)
-            elif self._uid in (entry.uid, 0):
-                with contextlib.suppress(OSError):  # another engine may have beaten us to it
-                    os.unlink(name, dir_fd=self._dir)
-        if self.ignored:
-            log.debug("GPU ledger %s: ignored %d malformed entries", self.folder, self.ignored)
-        return found
-
     def write(self, gpus: Mapping[str, int], threads: int, pids: Iterable[int]) -> bool:
         """Replace our entry at once: a reader sees the old one or the new one. False when
-        it could not be written (the caller tries again)."""
+        it could not be written (`blocked` says why; the caller tries again)."""
         if self.problem:
-            return True
+            return False
         record = {"pid": self._pid, "start_time": self._start_time,
                   "gpus": {str(k): int(v) for k, v in gpus.items()},
                   "threads": int(threads), "pids": sorted({int(p) for p in pids})}
@@ -158,13 +165,76 @@ class Ledger:
             with os.fdopen(os.open(temporary, CREATE, 0o644, dir_fd=self._dir), "wb") as f:
                 os.fchmod(f.fileno(), 0o644)  # an engine's umask is private; others must read it
                 f.write(json.dumps(record).encode())
+                f.flush()
+                written = _identity(os.fstat(f.fileno()))
             os.rename(temporary, self._name, src_dir_fd=self._dir, dst_dir_fd=self._dir)
-            return True
         except OSError as e:
-            self._warn(f"the GPU ledger {self.folder} cannot be written: {e.strerror}")
+            self.unwritten = f"the GPU ledger {self.folder} cannot be written ({e.strerror})"
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                self.unwritten += f": {self.where()}; free space there (anyone can fill it: ask " \
+                                  "the admin to find what does)"
+            elif e.errno == errno.ENOENT:
+                self.unwritten += ": the folder was removed; it is made again at the next step"
+            else:
+                self.unwritten += f": {self.whose()}"
+            self._warn(self.unwritten)
             with contextlib.suppress(OSError):
                 os.unlink(temporary, dir_fd=self._dir)
             return False
+        self._written, self.unwritten = written, None
+        return True
+
+    def intact(self) -> bool:
+        """Whether our entry is in the folder as we last wrote it (False: write it again).
+        The folder's owner may remove or replace it; a folder replaced under us is opened
+        again (and checked again) where it now is."""
+        if self.problem or self._written is None:
+            return False
+        try:
+            now = os.lstat(self.folder)
+        except OSError:
+            now = None
+        held = os.fstat(self._dir)
+        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            self._reopen()
+            return False
+        try:
+            st = os.stat(self._name, dir_fd=self._dir, follow_symlinks=False)
+        except OSError:
+            st = None
+        if st is not None and _identity(st) == self._written:
+            return True
+        self.removed = (f"this engine's entry in the GPU ledger was removed or changed by "
+                        f"someone else and has been written again: {self.whose()}")
+        self._warn(self.removed)
+        return False
+
+    @property
+    def blocked(self) -> str | None:
+        """Why this engine cannot coordinate its GPUs with other engines now, with what to
+        do, in one line; None when it can. The engine then starts no GPU run."""
+        if self.problem:
+            return f"{self.problem}; no run starts on a GPU until then"
+        if self.unread:
+            return f"{self.unread}; no run starts on a GPU until it can be read: {self.whose()}"
+        if self.unwritten:
+            return f"{self.unwritten}; no run starts on a GPU until this engine's entry is written"
+        return None
+
+    def where(self) -> str:
+        """`its file system (tmpfs at /dev/shm) is 100% used, 0 bytes free of 1.0 MB`."""
+        return filesystem(self._dir if not self.problem else None, self.folder)
+
+    def whose(self) -> str:
+        """Who owns the folder, and what that means, in a few words."""
+        try:
+            uid = os.fstat(self._dir).st_uid if not self.problem else os.lstat(self.folder).st_uid
+        except OSError:
+            return FIX
+        if uid in (0, self._uid):
+            return f"the GPU ledger {self.folder} belongs to {user_name(uid)}"
+        return (f"the GPU ledger {self.folder} belongs to {user_name(uid)} (uid {uid}), who may "
+                f"remove or change any entry in it; {ADMIN.format(folder=self.folder)}")
 
     def close(self) -> None:
         """Remove our entry: others no longer count what we placed."""
@@ -175,6 +245,8 @@ class Ledger:
         except OSError as e:
             if not isinstance(e, FileNotFoundError):
                 self._warn(f"the GPU ledger entry {self.folder / self._name} stays: {e.strerror}")
+
+    # ---- the folder and its lock -------------------------------------------------------------
 
     def _open_folder(self) -> int:
         try:
@@ -200,6 +272,21 @@ class Ledger:
             raise _Unusable(f"cannot be used: this user cannot write in it; {FIX}")
         return fd
 
+    def _reopen(self) -> None:
+        """The folder at our path is not the one we hold (removed, made again or replaced):
+        use the new one if it is safe, else say why (the engine then places no GPU run)."""
+        old = self._dir
+        try:
+            self._dir = self._open_folder()
+        except (_Unusable, OSError) as e:
+            why = e if isinstance(e, _Unusable) else f"cannot be used: {e.strerror or e}; {FIX}"
+            self.problem = f"the GPU ledger {self.folder} was replaced and {why}"
+            self._warn(self.problem)
+            return
+        self._fds.remove(old)
+        os.close(old)
+        self._reader, self._written = Reader(), None
+
     def _lock(self) -> bool:
         # after a wait that timed out, one try without waiting until the lock is had again:
         # a lock held on purpose must not slow every step of the engine
@@ -221,68 +308,49 @@ class Ledger:
                 log.warning("%s", self.problem)
                 return False
 
-    def _read(self, name: str, uid: int, pid: int) -> Entry | None:
-        try:
-            fd = os.open(name, READ, dir_fd=self._dir)
-        except OSError:
-            return None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_size > MAX_ENTRY:
-                return None
-            data = os.read(fd, MAX_ENTRY + 1)
-            entry = _entry(json.loads(data), uid)
-        except (OSError, ValueError, RecursionError):  # RecursionError: "[[[[..." nested deep
-            return None
-        finally:
-            os.close(fd)
-        return entry if entry is not None and entry.pid == pid else None
-
     def _warn(self, message: str) -> None:
         # once per message: the scheduler asks every few seconds
         (log.debug if message in self._warned else log.warning)("%s", message)
         self._warned.add(message)
 
 
-def living(entry: Entry) -> bool:
-    """Whether the entry's engine, or one of its runs, still runs as the entry's owner."""
-    if owned_by(entry.pid, entry.uid) and alive(entry.pid, entry.start_time) is not None:
-        return True
-    return any(owned_by(pid, entry.uid) for pid in entry.pids)
+def filesystem(fd: int | None, folder: Path) -> str:
+    """The file system holding `folder` (open at `fd`, else looked up by path) and how
+    full it is, for a line: `its file system (tmpfs at /dev/shm) is 100% used, ...`."""
+    from gridrun.runs.space import human
 
-
-def owned_by(pid: int, uid: int) -> bool:
-    """Whether `pid` is a live process (not a zombie) whose real or effective uid is `uid`."""
     try:
-        import psutil
-
-        proc = psutil.Process(pid)
-        return uid in proc.uids()[:2] and proc.status() != psutil.STATUS_ZOMBIE
-    except Exception:
-        return False
-
-
-def _entry(record: object, uid: int) -> Entry | None:
-    """The entry a parsed file holds, or None when a field has the wrong type or size."""
-    if not isinstance(record, dict):
-        return None
-    pid, start, gpus, threads, pids = map(record.get, ("pid", "start_time", "gpus", "threads", "pids"))
-    if not (_count(pid, PID_LIMIT) and pid > 0 and _count(threads, MAX_THREADS)):
-        return None
-    if type(start) not in (int, float) or not (math.isfinite(start) and 0 < start < 1e12):
-        return None
-    if not (isinstance(gpus, dict) and len(gpus) <= MAX_GPUS and all(
-            0 < len(k) <= MAX_KEY and k.isprintable() and _count(v, MAX_GPU_BYTES)
-            for k, v in gpus.items())):
-        return None
-    if not (isinstance(pids, list) and len(pids) <= MAX_PIDS
-            and all(_count(p, PID_LIMIT) and p > 0 for p in pids)):
-        return None
-    return Entry(uid, pid, float(start), dict(gpus), threads, tuple(pids))
+        st = os.statvfs(fd if fd is not None else folder)
+    except OSError:
+        return "its file system cannot be looked at"
+    size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    used = 100 - (100 * st.f_bfree // st.f_blocks) if st.f_blocks else 100
+    inodes = "; no inode is left" if st.f_files and not st.f_favail else ""
+    return f"its file system ({mount_of(folder)}) is {used}% used, {human(free)} free of {human(size)}{inodes}"
 
 
-def _count(value: object, limit: int) -> bool:
-    return type(value) is int and 0 <= value <= limit
+def mount_of(path: Path) -> str:
+    """`tmpfs at /dev/shm`: the type and mount point of the file system holding `path`."""
+    real, best = os.path.realpath(path), ("?", "/")
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields, _, rest = line.partition(" - ")
+                parts = fields.split()
+                if len(parts) < 5 or not rest:
+                    continue
+                point = parts[4].replace("\\040", " ")
+                inside = real == point or real.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best[1]):
+                    best = (rest.split()[0], point)
+    except OSError:
+        pass
+    return f"{best[0]} at {best[1]}"
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    # a rename keeps all of these (it changes ctime); a rewrite in place changes mtime
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _close_all(fds: list[int]) -> None:

@@ -11,8 +11,11 @@ machine has committed (engine/ledger.py).
   alone on a GPU, committing all of it; under an integer `runs_per_gpu` = n each run
   commits a 1/n share of its GPU (never enforced: that is what n always meant).
 - A GPU's **room** is its memory less what this engine's runs commit, what other
-  engines commit (the ledger) and, under `foreign = "share"`, what other people's
-  processes use. `placement.plan` places by it, best fit first.
+  engines commit (the ledger, each entry at most the GPU's size) and every byte other
+  people's processes use; and never more than what NVML says is free, less HEADROOM:
+  NVML is the truth, an entry only adds. `placement.plan` places by it, best fit first.
+  A share of a GPU (an integer runs_per_gpu) is kept apart from other engines' shares
+  only (`Room.booked`): beside others' processes it is what `foreign` says.
 
 The run enforces its own budget (train/loop/memory.py, GRIDRUN_MEMORY_BUDGET): one that
 outgrows it fails alone and the engine retries it once with the need it measured.
@@ -27,12 +30,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gridrun.engine.entries import who
 from gridrun.spec.keys import TRAINER_KEYS
 from gridrun.train.loop.memory import CONTEXT  # the run's: its budget less this caps the allocator
 
 MARGIN = 0.10  # over a measured need: allocator fragmentation, a longer batch
 RETRY = 0.50  # over the need a run measured when it outgrew its budget
 ROUND = 64 << 20  # budgets are whole multiples of this
+HEADROOM = 256 << 20  # kept free of what NVML reports: growth between samples, a new context
 GIB = 1 << 30
 # trainer keys that change what a run computes but never how much memory it takes
 MEMORY_NEUTRAL = frozenset({
@@ -92,8 +97,13 @@ class Room:
     """One GPU's memory as placement sees it (bytes)."""
 
     total: int
-    free: int  # total less every commitment and, when shared, others' processes
+    free: int  # total less every commitment and others' processes; at most NVML's free
     empty: bool  # no run of this engine nor of another engine is committed there
+    booked: int | None = None  # total less the commitments only (a share's room); None: free
+
+    def less(self, n: int) -> Room:
+        """The room once a run committing `n` bytes is placed there."""
+        return Room(self.total, self.free - n, False, None if self.booked is None else self.booked - n)
 
 
 class Book:
@@ -106,6 +116,7 @@ class Book:
         self.needs: dict[str, int] = {}  # shape -> the largest need measured
         self.totals: dict[Any, int] = {}  # GPU (placement.gpu_of) -> bytes
         self.keys: dict[Any, str] = {}  # GPU -> its ledger key (UUID, else "index:N")
+        self.used: dict[Any, int] = {}  # GPU -> the memory NVML says is used there
 
     def learn(self, config: Mapping[str, Any] | None, summary: Mapping[str, Any] | None) -> None:
         """A run ended: what it measured serves every run of its shape."""
@@ -144,22 +155,35 @@ class Book:
         """Whether `budget` is (nearly) all of the largest GPU: a run over it needs a
         smaller batch, not a larger budget."""
         big = self.largest()
-        return bool(big and isinstance(budget, int | float) and budget >= big - ROUND)
+        return bool(big and isinstance(budget, int | float) and budget >= big - HEADROOM - ROUND)
 
     def sizes(self, gpus: Iterable[Mapping[str, Any]]) -> None:
-        """The GPUs' sizes and ledger keys from a telemetry sample's `gpus`."""
+        """The GPUs' sizes, used memory and ledger keys from a telemetry sample's `gpus`."""
         for g in gpus:
-            index, total = g.get("index"), g.get("mem_total_bytes")
+            index, total, used = g.get("index"), g.get("mem_total_bytes"), g.get("mem_used_bytes")
             if isinstance(index, int) and isinstance(total, int) and total > 0:
                 for key in {index, g.get("uuid")} - {None}:
                     self.totals[key] = total
                     self.keys[key] = g.get("uuid") or f"index:{index}"
+                    if isinstance(used, int) and used >= 0:
+                        self.used[key] = used
+                    else:  # not reported: commitments and processes alone bound the room
+                        self.used.pop(key, None)
 
     def rooms(self, ours: Mapping[Any, int], others: Mapping[str, int],
-              foreign: Mapping[Any, int], gpus: Iterable[Any]) -> dict[Any, Room] | None:
+              foreign: Mapping[Any, int], gpus: Iterable[Any],
+              runs: Mapping[str, tuple[int, int]] | None = None) -> dict[Any, Room] | None:
         """Each GPU's room: `ours` (GPU -> bytes our runs commit), `others` (ledger key ->
-        bytes other engines commit), `foreign` (GPU -> bytes others' processes use, counted
-        when packing by memory). None when a GPU's size is unknown: then slots alone decide."""
+        bytes other engines commit, each entry already capped at the GPU's size),
+        `foreign` (GPU -> every byte others' processes use), `runs` (ledger key -> what
+        the runs of every committer, us included, are listed using within what they
+        commit, and beyond it). None when a GPU's size is unknown: slots alone decide.
+
+        Occupied is what is committed plus whatever else is used: every listed foreign
+        byte and the runs' use beyond their commitments, or, where NVML reports the GPU's
+        used memory, all of that less the runs' use within their commitments (counted
+        once), and HEADROOM. So no room is more than NVML says is free, and a commitment
+        not yet in use is never mistaken for free memory beside memory NVML lists nowhere."""
         out = {}
         for gpu in gpus:
             total = self.totals.get(gpu)
@@ -167,10 +191,12 @@ class Book:
                 return None
             # a claim beyond the GPU says nothing more than "all of it"
             mine, theirs = ours.get(gpu, 0), min(total, others.get(self.keys[gpu], 0))
-            # an integer runs_per_gpu places by slots: others' processes are what "share"
-            # means to sit beside; only other engines' shares are kept apart from ours
-            used = foreign.get(gpu, 0) if self.auto else 0
-            out[gpu] = Room(total, total - mine - theirs - used, mine == 0 and theirs == 0)
+            covered, excess = (runs or {}).get(self.keys[gpu], (0, 0))
+            booked = total - mine - theirs
+            uncommitted = foreign.get(gpu, 0) + excess
+            if gpu in self.used:  # whatever any entry says, what NVML reports used is used
+                uncommitted = max(uncommitted, self.used[gpu] - covered + HEADROOM)
+            out[gpu] = Room(total, booked - uncommitted, mine == 0 and theirs == 0, booked)
         return out
 
 
@@ -178,8 +204,17 @@ def commit(budget: int | float | None, room: Room) -> int | None:
     """The bytes a run commits on a GPU with `room`, or None when it does not fit."""
     if budget is None:  # unknown shape: alone, and all of the GPU
         return room.free if room.empty and room.free > 0 else None
-    need = budget if isinstance(budget, int) else int(room.total * budget)
-    return need if need <= room.free else None
+    if isinstance(budget, int):
+        if budget <= room.free:
+            return budget
+        # (nearly) a whole GPU: alone there, held to what NVML leaves free (never waiting
+        # for room a GPU the driver uses a little of can never have)
+        whole = room.empty and budget >= room.total - HEADROOM - ROUND
+        return room.free if whole and room.free > 0 else None
+    # a share of the GPU (an integer runs_per_gpu): slots that other engines' shares
+    # keep apart; others' processes are what [engine] foreign decides
+    need = int(room.total * budget)
+    return need if need <= (room.free if room.booked is None else room.booked) else None
 
 
 def gib(n: Any) -> str:
@@ -188,26 +223,26 @@ def gib(n: Any) -> str:
 
 def book_lines(state: Any) -> list[str]:
     """`engine status`'s lines for the memory book (STATE): a line per GPU, and why the
-    first queued run waits for memory; [] for anything else."""
+    first queued run waits for memory (naming the other engines' entries that hold it);
+    [] for anything else."""
     if not isinstance(state, dict) or not isinstance(state.get("gpus"), list):
         return []
     out = []
     for g in state["gpus"]:
-        if not isinstance(g, dict):
-            continue
-        runs = g.get("runs") or 0
-        out.append(f"gpu{g.get('gpu')}: {gib(g.get('total'))}: {gib(g.get('ours'))} committed by "
-                   f"{runs} run{'s' * (runs != 1)} here, {gib(g.get('others'))} by other gridrun "
-                   f"engines, {gib(g.get('foreign'))} used by others' processes; "
-                   f"{gib(max(0, g.get('free') or 0))} free")
-    if isinstance(state.get("ledger"), str):
-        out.append(state["ledger"])
+        if isinstance(g, dict):
+            out.append(gpu_line(g))
+    for line in [state.get("ledger"), *(state.get("notes") or [])]:
+        if isinstance(line, str):
+            out.append(line)
     wait = state.get("waits")
     if isinstance(wait, dict) and isinstance(wait.get("busy"), str):
         out.append(f"queue: {wait['busy']}")
     elif isinstance(wait, dict):
         need = wait.get("need")
         held = f"; other gridrun engines commit {gib(wait['others'])}" if wait.get("others") else ""
+        named = [f"{who(h)} commits {gib(h.get('bytes'))} on gpu{h.get('gpu')}"
+                 for h in wait.get("holders") or [] if isinstance(h, dict)]
+        held += f": {', '.join(named)}" if named and held else ""
         if isinstance(need, int):
             out.append(f"queue: no GPU has {gib(need)} free for {wait.get('run_id')} (the most "
                        f"free: {gib(wait.get('free'))}{held}): it and the runs after it wait")
@@ -216,3 +251,16 @@ def book_lines(state: Any) -> list[str]:
                        f"never measured{held}): it and the runs after it wait; gpu_memory = N "
                        "(GiB) in the file lets it start beside others")
     return out
+
+
+def gpu_line(g: dict[str, Any]) -> str:
+    """One GPU of the book: what is committed and used there, and what is free."""
+    if not isinstance(g.get("total"), int):
+        return (f"gpu{g.get('gpu')}: its memory size is unknown (NVML does not report it): runs "
+                'are placed there by slots alone, one at a time under runs_per_gpu = "auto"')
+    runs = g.get("runs") or 0
+    nvml = f" (NVML reports {gib(g['used'])} used)" if isinstance(g.get("used"), int) else ""
+    return (f"gpu{g.get('gpu')}: {gib(g.get('total'))}: {gib(g.get('ours'))} committed by "
+            f"{runs} run{'s' * (runs != 1)} here, {gib(g.get('others'))} by other gridrun "
+            f"engines, {gib(g.get('foreign'))} used by others' processes; "
+            f"{gib(max(0, g.get('free') or 0))} free{nvml}")

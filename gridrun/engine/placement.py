@@ -170,7 +170,7 @@ def plan(queue: Iterable[Want], slots: Sequence[Slot], used: Iterable[str],
         out.starts.append((want.run_id, gang(chosen)))
         for gpu in {gpu_of(s) for s in chosen} & set(bytes_):
             room = rooms[gpu]  # what this run commits is no longer there for the next
-            rooms[gpu] = Room(room.total, room.free - bytes_[gpu], False)
+            rooms[gpu] = room.less(bytes_[gpu])
             out.commits[want.run_id] = min(bytes_[gpu], out.commits.get(want.run_id, bytes_[gpu]))
         free = [s for s in free if s not in chosen]
         unused = [s for s in unused if s not in chosen]

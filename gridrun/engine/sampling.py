@@ -14,6 +14,7 @@ from gridrun.engine.foreign import Watch, gpu_lines
 from gridrun.runs import space
 
 log = logging.getLogger("gridrun.engine")
+NVML = "nvml_failing"  # store state: {"error"} while NVML is there but answers nothing, or None
 
 
 class Sampling:
@@ -26,6 +27,7 @@ class Sampling:
     _next_processes: float
     others: Watch
     sharing: Any
+    _said: dict[str, Any]
     active: dict[str, Any]
     slots: list[Any]
     store: Any
@@ -46,11 +48,22 @@ class Sampling:
     def _sample(self, now: float) -> None:
         sample = self.telemetry.sample()
         sample = sample.to_dict() if hasattr(sample, "to_dict") else dict(sample)
+        self.say_nvml()
         if self.sharing:
             self.sharing.book.sizes(sample.get("gpus") or [])
         self.sample_processes(now)
         sample["processes"] = self.others.listed
         self.store.record_telemetry(sample, t=sample.get("t"))
+
+    def say_nvml(self) -> None:
+        """NVML is there but answers nothing: no GPU is seen (the engine's slots are then
+        the CPU's) and no GPU's memory is known; said once in the log, and in `engine
+        status` while it lasts."""
+        why = getattr(self.telemetry, "failing", None)
+        state = {"error": why} if isinstance(why, str) else None
+        if state is not None and self._said.get(NVML) != state:
+            log.warning("%s", nvml_lines(state)[0])
+        self._say(NVML, state)  # type: ignore[attr-defined]  # the engine's
 
     def sample_processes(self, now: float) -> None:
         """Every `processes_every` s: the processes on the GPUs, whose run each is, and
@@ -61,10 +74,19 @@ class Sampling:
         runs = {a.handle.pid: a.run_id for a in self.active.values()}
         held = {p.gpu for a in self.active.values() if a.slot for p in a.slot.parts}
         keys = {g for s in self.slots if (g := placement.gpu_of(s)) is not None}
-        friends = self.sharing.friends() if self.sharing else ()  # other engines' runs
+        friends = self.sharing.verify if self.sharing else ()  # other engines' runs, verified
         try:
             if self.others.sample(self.telemetry, runs, keys, held, friends):
                 for line in gpu_lines(self.others.state()) or ["no GPU is taken by others"]:
                     log.info("%s", line)
         except Exception:  # telemetry never stops the engine
             log.debug("could not sample the GPUs' processes", exc_info=True)
+
+
+def nvml_lines(state: Any) -> list[str]:
+    """`engine status`'s line for NVML.STATE (none for anything else)."""
+    if not isinstance(state, dict) or not isinstance(state.get("error"), str):
+        return []
+    return [f"gpus: NVML is installed but fails ({state['error']}): no GPU is seen or measured, so "
+            "runs use the CPU; `nvidia-smi` says whether the driver works (after a driver update "
+            "the machine may need a reboot)"]

@@ -24,7 +24,7 @@ from gridrun.engine.diskspace import DiskSpace
 from gridrun.engine.endings import Active, Endings, folder_id
 from gridrun.engine.foreign import STATE as FOREIGN  # the GPUs others' processes take, or None
 from gridrun.engine.foreign import Watch
-from gridrun.engine.sampling import Sampling
+from gridrun.engine.sampling import NVML, Sampling
 from gridrun.engine.search import Searches
 from gridrun.engine.sharing import Sharing
 from gridrun.runs import layout, space, states
@@ -72,10 +72,7 @@ class Engine(Endings, Sampling):
         self.telemetry_every, self.processes_every = telemetry_every, processes_every
         self.active: dict[str, Active] = {}
         self.stopping = self.started = False
-        self._next_sample = 0.0
-        self._next_processes = 0.0
-        self._next_heartbeat = 0.0
-        self._next_foreground = 0.0
+        self._next_sample = self._next_processes = self._next_heartbeat = self._next_foreground = 0.0
         # a full disk: launch nothing, keep the endings that could not be recorded
         self.space = DiskSpace(self.root, announce=announce, retry_every=space_retry,
                                margin=space_margin)
@@ -109,7 +106,7 @@ class Engine(Endings, Sampling):
             if until_idle and not self.stopping and self.idle():
                 log.info("nothing queued or running: stopping (--until-idle)")
                 self.request_stop()
-        for key in (CPU_CAP, SLOTS_WAIT, FOREIGN, packing.STATE):
+        for key in (CPU_CAP, SLOTS_WAIT, FOREIGN, packing.STATE, NVML):
             self._say(key, None)
         if self.sharing:
             self.sharing.close()
@@ -338,11 +335,12 @@ class Engine(Endings, Sampling):
         foreign = self.others.memory()
         # read the ledger, decide, write what is about to start: the lock is held that long
         # only; the launches come after it
-        with self.sharing.placing(self.active, foreign, lock=bool(queue)) as rooms:
+        with self.sharing.placing(self.active, foreign, bool(queue), self.others.runs) as rooms:
             plan, budgets = self._plan(queue, free, used, rooms)
             runs = {r.id: r for r in queue}
-            self.sharing.reserve(self.active, plan, {
-                run_id: self.cpu_threads(runs[run_id], slot) for run_id, slot in plan.starts})
+            if not self.sharing.reserve(self.active, plan, {
+                    run_id: self.cpu_threads(runs[run_id], slot) for run_id, slot in plan.starts}):
+                plan = self.sharing.hold(plan)  # fail closed: its state says why
         self._carry_out(queue, plan, budgets)
         self.sharing.publish(self.active)  # with the new runs' pids: theirs, not strangers'
         self._say(packing.STATE, self.sharing.state(self.active, rooms, foreign, plan.memory))
@@ -355,9 +353,12 @@ class Engine(Endings, Sampling):
         wants = [placement.Want(r.id, self.slots_wanted(r), self.cpu_threads(r, free[0]) if free
                                 else 0, budgets.get(r.id, 0)) for r in queue]
         holding = [a.threads for a in self.active.values()]
-        holding += self.sharing.others_threads() if self.sharing else []  # other engines' runs
-        return placement.plan(wants, self.slots, used, holding, self.cores,
-                              avoid=self.others.avoid(), rooms=rooms), budgets
+        holding += self.sharing.others_threads(self.cores) if self.sharing else []  # other engines'
+        plan = placement.plan(wants, self.slots, used, holding, self.cores,
+                              avoid=self.others.avoid(), rooms=rooms)
+        if plan.cap and self.sharing and (holders := self.sharing.thread_holders(self.cores)):
+            plan.cap["others"] = holders  # who holds the threads, named in `engine status`
+        return plan, budgets
 
     def _carry_out(self, queue: list[Run], plan: placement.Plan, budgets: dict[str, Any]) -> None:
         """Fail what can never start, start what the plan gives, say why the rest waits."""

@@ -6,21 +6,28 @@ its memory book (packing.Book), the machine-wide ledger it reads and writes
 Placing is read, decide, write under the ledger's lock (`placing`, then `reserve`: what
 is about to start is in the ledger before the lock goes and before it launches), so two
 engines never commit more than a GPU's memory between them; a commitment that ends is
-written without it (`publish`: less is always safe). Only an engine of this machine (the local backend)
-with GPU slots takes part; a GPU whose size NVML does not give is placed by slots alone.
+written without it (`publish`: less is always safe), and every tick our entry is looked
+at and written again if someone removed or changed it. Fail closed: when our entry
+cannot be written or the folder read (ledger.blocked), `reserve` says no and nothing
+starts on a GPU (`hold`); the state says why. What an entry claims is capped (bytes at
+the GPU's size, threads at the cores) and, when it holds the queue back, named (owner,
+pid, file). Only an engine of this machine (the local backend) with GPU slots takes
+part; a GPU whose size NVML does not give is placed by slots alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from gridrun.engine import packing
 from gridrun.engine.backends.base import Slot
-from gridrun.engine.ledger import Entry, Ledger, owned_by
-from gridrun.engine.placement import gpu_of
+from gridrun.engine.entries import REFRESH, Entry, engine_runs, holders, thread_holders
+from gridrun.engine.foreign import owner
+from gridrun.engine.ledger import Ledger
+from gridrun.engine.placement import Plan, gpu_of
 from gridrun.runs import states
 
 log = logging.getLogger("gridrun.engine")
@@ -32,6 +39,7 @@ class Sharing:
         self.gpus = list(dict.fromkeys(g for s in slots if (g := gpu_of(s)) is not None))
         self.ledger = ledger if ledger is not None else Ledger()
         self.others: list[Entry] = []
+        self.verified: dict[int, Entry] = {}  # pid -> the entry it is verifiably a run of
         self._published: Any = None
         self.sized = False  # every GPU's size known (else under "auto" a run takes a GPU alone)
         if self.ledger.problem:
@@ -66,66 +74,123 @@ class Sharing:
         unmeasured shape, the room it was given (all of a GPU, or what others' processes
         leave beside them); a share of a GPU (an integer runs_per_gpu) is not enforced."""
         if isinstance(budget, int) and budget:
-            return budget
+            return min(budget, commit) if commit else budget  # a whole GPU: what it was given
         return commit if budget is None and commit and self.sized else None
 
     def commits(self, active: Mapping[str, Any]) -> dict[Any, int]:
         """GPU -> the bytes this engine's runs commit there."""
         return held(active)[0]
 
-    def friends(self) -> set[int]:
-        """The pids of other engines' runs, each its entry's owner's (an entry cannot pass
-        a stranger's process off as a run): committed in the ledger, not foreign. Read
-        afresh (no lock: reading is safe), so a run another engine just started is known."""
-        self.others = self.ledger.others()
-        return {pid for e in self.others for pid in e.pids if owned_by(pid, e.uid)}
+    def verify(self, pids: list[int]) -> set[int]:
+        """Of the processes NVML lists (`pids`), those verifiably other engines' runs
+        (entries.engine_runs): committed in the ledger, not foreign. Read without the
+        lock (reading is safe); a run another engine just started rewrote its entry, so
+        it is known."""
+        self.others = self.ledger.others(max_age=REFRESH)
+        self.verified = engine_runs(pids, self.others)
+        return set(self.verified)
 
-    def others_threads(self) -> list[int]:
-        return [e.threads for e in self.others if e.threads]
+    def in_use(self, active: Mapping[str, Any], listed: Iterable[Any]) -> dict[str, tuple[int, int]]:
+        """Ledger key -> (the runs' use within what their committer commits there, their
+        use beyond it), each committer (this engine, each other engine's entry) apart: a
+        run's memory is counted once, and a commitment never hides another's use. Of
+        ours, only the processes of runs active now (a sample may predate a run's end)."""
+        pids = {a.handle.pid for a in active.values()}
+        use: dict[tuple[str, str], int] = {}  # (ledger key, committer) -> bytes listed
+        for p in listed:
+            key = self.book.keys.get(p.gpu) or self.book.keys.get(p.uuid)
+            entry = self.verified.get(p.pid)
+            if key is None or not p.mem_bytes or (entry is None and not owner(p.pid, pids)):
+                continue
+            who = entry.file if entry is not None else ""  # "": this engine
+            use[key, who] = use.get((key, who), 0) + p.mem_bytes
+        commits = {(self.book.keys.get(g), ""): n for g, n in self.commits(active).items()}
+        for entry in self.others:
+            for key, n in entry.gpus.items():
+                commits[key, entry.file] = min(n, self.sizes().get(key, n))
+        out: dict[str, tuple[int, int]] = {}
+        for (key, who), n in use.items():
+            within = min(n, commits.get((key, who), 0))
+            covered, excess = out.get(key, (0, 0))
+            out[key] = (covered + within, excess + n - within)
+        return out
+
+    def sizes(self) -> dict[str, int]:
+        """Ledger key -> the GPU's size."""
+        return {key: self.book.totals[g] for g, key in self.book.keys.items() if g in self.book.totals}
+
+    def others_threads(self, cores: int) -> list[int]:
+        """The CPU threads other engines' runs hold, each entry at most `cores`."""
+        return [min(e.threads, cores) for e in self.others if e.threads]
+
+    def thread_holders(self, cores: int) -> list[dict[str, Any]]:
+        """Who holds those threads, for the line that says why the queue waits."""
+        return thread_holders(self.others, cores)[:3]
 
     # ---- placing -----------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def placing(self, active: Mapping[str, Any], foreign: Mapping[Any, int], lock: bool = True
-                ) -> Iterator[dict[Any, packing.Room] | None]:
+    def placing(self, active: Mapping[str, Any], foreign: Mapping[Any, int], lock: bool = True,
+                listed: Iterable[Any] = ()) -> Iterator[dict[Any, packing.Room] | None]:
         """Under the ledger's lock: each GPU's room (None: a GPU's size is unknown); the
         body `reserve`s what it is about to start. A lock held too long by someone else
         is gone around (ledger.busy) rather than stall the queue. `lock` False (nothing
-        to start): the rooms only, for the views."""
+        to start): the rooms only, for the views. `listed`: the runs' processes NVML
+        lists (foreign.Watch.runs), ours and other engines' verified ones."""
         with self.ledger.held() if lock else contextlib.nullcontext():
-            self.others = self.ledger.others()
-            theirs: dict[str, int] = {}
-            for entry in self.others:
-                for key, n in entry.gpus.items():
-                    theirs[key] = theirs.get(key, 0) + n
+            self.others = self.ledger.others(max_age=REFRESH)
+            theirs = self.committed()
             ours = self.commits(active)
-            rooms = self.book.rooms(ours, theirs, foreign, self.gpus)
+            rooms = self.book.rooms(ours, theirs, foreign, self.gpus, self.in_use(active, listed))
             self.sized = rooms is not None
             if rooms is None and self.book.auto:  # sizes unknown: one run a GPU, as 1 would
                 rooms = {g: packing.Room(1, 0 if ours.get(g) else 1, not ours.get(g))
                          for g in self.gpus}
             yield rooms
 
-    def reserve(self, active: Mapping[str, Any], plan: Any, threads: Mapping[str, int]) -> None:
+    def committed(self) -> dict[str, int]:
+        """Ledger key -> what other engines commit there, each entry at most the GPU's
+        size (a claim beyond it says nothing more than "all of it")."""
+        sizes = self.sizes()
+        theirs: dict[str, int] = {}
+        for entry in self.others:
+            for key, n in entry.gpus.items():
+                theirs[key] = theirs.get(key, 0) + min(n, sizes.get(key, n))
+        return theirs
+
+    def reserve(self, active: Mapping[str, Any], plan: Any, threads: Mapping[str, int]) -> bool:
         """Write what runs and what `plan` is about to start (`threads`: each start's) into
-        the ledger: a launch that then fails is dropped by the next `publish`."""
+        the ledger: a launch that then fails is dropped by the next `publish`. False
+        (fail closed): the ledger cannot be read or our entry written, so nothing may
+        start on a GPU (`hold`)."""
+        if self.ledger.problem or self.ledger.unread:
+            return False
         ours = self.commits(active)
         for run_id, slot in plan.starts:
             for part in slot.parts if plan.commits.get(run_id) else ():
                 ours[gpu_of(part)] = ours.get(gpu_of(part), 0) + plan.commits[run_id]
-        self._write(ours, sum(a.threads for a in active.values()) + sum(threads.values()),
-                    [a.handle.pid for a in active.values()])
+        return self._write(ours, sum(a.threads for a in active.values()) + sum(threads.values()),
+                           [a.handle.pid for a in active.values()])
+
+    @staticmethod
+    def hold(plan: Plan) -> Plan:
+        """Fail closed: of `plan` only what can never start is carried out."""
+        return Plan(refused=plan.refused)
 
     def publish(self, active: Mapping[str, Any]) -> None:
-        """This engine's entry in the ledger: what its runs commit now."""
+        """This engine's entry in the ledger: what its runs commit now (written again when
+        someone removed or changed it)."""
         self._write(self.commits(active), sum(a.threads for a in active.values()),
                     [a.handle.pid for a in active.values()])
 
-    def _write(self, ours: Mapping[Any, int], threads: int, pids: list[int]) -> None:
+    def _write(self, ours: Mapping[Any, int], threads: int, pids: list[int]) -> bool:
         entry = ({self.book.keys.get(g, f"index:{g}"): n for g, n in ours.items()}, threads,
                  sorted(pids))
-        if entry != self._published and self.ledger.write(*entry):  # a failed write: again
-            self._published = entry
+        if entry == self._published and self.ledger.intact():
+            return True
+        written = self.ledger.write(*entry)  # a failed write: tried again at the next step
+        self._published = entry if written else None
+        return written
 
     def close(self) -> None:
         self.ledger.close()
@@ -135,20 +200,30 @@ class Sharing:
     def state(self, active: Mapping[str, Any], rooms: Mapping[Any, packing.Room] | None,
               foreign: Mapping[Any, int], waits: Mapping[str, Any] | None) -> dict[str, Any]:
         """packing.STATE's value: per GPU its size, what our runs, other engines and
-        others' processes take, and what is free; why the first queued run waits."""
+        others' processes take, what is free (and NVML's used memory where that is what
+        bounds it); why the first queued run waits, and which entries hold it; why this
+        engine cannot use the ledger (nothing starts on a GPU then), and notes."""
         ours, runs = held(active)
-        gpus = []
+        theirs, gpus, named = self.committed(), [], []
         for gpu in self.gpus:
-            room, key = (rooms or {}).get(gpu), self.book.keys.get(gpu)
-            others = sum(e.gpus.get(key, 0) for e in self.others) if key else 0
-            gpus.append({"gpu": gpu, "total": self.book.totals.get(gpu), "ours": ours.get(gpu, 0),
-                         "runs": runs.get(gpu, 0), "others": others,
-                         "foreign": foreign.get(gpu, 0), "free": room.free if room else None})
+            room, key, total = (rooms or {}).get(gpu), self.book.keys.get(gpu), self.book.totals.get(gpu)
+            others, used = min(theirs.get(key, 0), total or 0), self.book.used.get(gpu)
+            mine, theirs_foreign = ours.get(gpu, 0), foreign.get(gpu, 0)
+            bound = room is not None and total is not None and used is not None and \
+                room.free < total - mine - others - theirs_foreign
+            gpus.append({"gpu": gpu, "total": total, "ours": mine, "runs": runs.get(gpu, 0),
+                         "others": others, "foreign": theirs_foreign,
+                         "free": room.free if room and total else None,
+                         "used": used if bound else None})
+            named += [{**h, "gpu": gpu} for h in holders(self.others, key, total)]
         wait = dict(waits) if waits else None
         if wait is not None:
             wait["others"] = sum(g["others"] for g in gpus)
+            wait["holders"] = sorted(named, key=lambda h: -h["bytes"])[:3]
+        notes = [n for n in (self.ledger.removed, *self.ledger.notes()) if n]
         return {"mode": "auto" if self.book.auto else "slots", "gpus": coarse(gpus),
-                "waits": wait, "ledger": self.ledger.problem or self.ledger.busy}
+                "waits": wait, "ledger": self.ledger.blocked or self.ledger.busy,
+                "notes": notes, "folder": str(self.ledger.folder)}
 
 
 def held(active: Mapping[str, Any]) -> tuple[dict[Any, int], dict[Any, int]]:

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 NA = "n/a"
+# NVML's words for a machine without an NVIDIA driver: nothing is wrong, there is no GPU
+NO_DRIVER = ("Library Not Found", "Driver Not Loaded")
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,15 @@ class Telemetry:
     def available(self) -> bool:
         """True when GPU figures can be read."""
         return self._nvml is not None and bool(self._handles)
+
+    @property
+    def failing(self) -> str | None:
+        """Why NVML answers nothing on a machine that has it (no permission, a driver that
+        does not match its library, every call failing), in NVML's words; None where it
+        works, or where there is no NVIDIA driver or pynvml at all."""
+        if self.error is None or self.error == "no NVIDIA GPU" or "not installed" in self.error:
+            return None
+        return None if any(words in self.error for words in NO_DRIVER) else self.error
 
     @property
     def gpu_count(self) -> int:
