@@ -307,3 +307,33 @@ def test_a_run_retried_and_ended_between_two_reads_is_said_to_start_again(tmp_pa
     events = [line.split()[0] for line in lines if line.split()[0] in
               ("started", "failed", "completed")]
     assert events.count("started") == 3 and events.count("failed") == 2, lines
+
+
+class _Changes:
+    """A store's change feed as Feed reads it: the rows that changed since a read."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def removed_since(self, seq):
+        return [], seq
+
+    def changes_since(self, seq):
+        return (self.rows, 1) if seq == 0 else ([], seq)
+
+
+def test_a_run_that_ended_before_the_first_read_is_told_started_and_ended_once():
+    """An engine already up can start and end a tiny run before `gridrun run`'s follower
+    first reads the store (a busy machine printed no line for 4 runs so): it is told, in
+    order; a run that ended before the command queued anything is not told again."""
+    from gridrun.commands.follow import Feed
+
+    def row(run_id, started):
+        return SimpleNamespace(id=run_id, status=states.COMPLETED, started_at=started,
+                               ended_at=started + 1)
+
+    since = 1000.0
+    feed = Feed(["new", "old"], since)
+    _, events = feed.read(_Changes([row("old", since - 50), row("new", since + 1)]))
+    assert [(e, r.id) for e, r in events] == [("started", "new"), ("ended", "new")]
+    assert feed.read(_Changes([]))[1] == []

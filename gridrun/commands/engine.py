@@ -146,6 +146,7 @@ def run(file: FileArg,
     """Queue an experiment file, make sure the engine runs, and follow the runs."""
     from gridrun.engine import daemon
 
+    queued_at = time.time()  # what starts from here on is this command's to tell
     runs, _, _ = _queue(file, root, force, check)
     where = f"--root {shlex.quote(str(root))}"
     again = f"`gridrun run {shlex.quote(str(file))} {where}` (it queues nothing new)"
@@ -164,7 +165,8 @@ def run(file: FileArg,
     from gridrun.commands.follow import follow
 
     try:
-        ok = follow(root, [r.id for r in runs], live=not wait and sys.stdout.isatty())
+        ok = follow(root, [r.id for r in runs], live=not wait and sys.stdout.isatty(),
+                    since=queued_at)
     except KeyboardInterrupt:
         typer.echo(f"\ndetached: the runs go on in the background. Come back with {again}, "
                    f"`gridrun ls {where}` or `gridrun {where}`.")

@@ -300,10 +300,14 @@ class Reader:
 class Feed:
     """The followed runs folded over the store's change feed (`changes_since`,
     `removed_since`): each read says which started and which ended since the last. A run
-    that started and ended between two reads comes once, ended: `started` comes first."""
+    that started and ended between two reads comes once, ended: `started` comes first.
+    So does one that started at `since` or later and ended before the first read (the
+    engine was up, the runs small, the follower slow to start): `since` is when the
+    follower's command queued them, so an earlier attempt's end is never told again."""
 
-    def __init__(self, ids: Iterable[str]) -> None:
+    def __init__(self, ids: Iterable[str], since: float | None = None) -> None:
         self.ids, self.runs, self.seq, self.removed_seq = set(ids), {}, 0, 0
+        self.since = since
 
     def read(self, store: Any) -> tuple[list[Any], list[tuple[str, Any]]]:
         gone, self.removed_seq = store.removed_since(self.removed_seq)
@@ -313,22 +317,27 @@ class Feed:
         events = []
         for r in (r for r in changed if r.id in self.ids):
             before, self.runs[r.id] = self.runs.get(r.id), r
-            if r.started_at and (r.status == states.RUNNING if before is None else
-                                 r.status in (states.RUNNING, *states.FINISHED)
+            ended_unseen = (before is None and self.since is not None and r.started_at
+                            and r.started_at >= self.since and r.status in states.FINISHED)
+            if r.started_at and (r.status == states.RUNNING or ended_unseen if before is None
+                                 else r.status in (states.RUNNING, *states.FINISHED)
                                  and r.started_at != before.started_at):
                 events.append(("started", r))  # a new start (a retry's too)
-            if before is not None and r.status in states.FINISHED and (
+            if ended_unseen or before is not None and r.status in states.FINISHED and (
                     (before.status, before.ended_at) != (r.status, r.ended_at)):
                 events.append(("ended", r))
         return list(self.runs.values()), events
 
 
-def follow(root: Path, ids: list[str], *, live: bool, interval: float = 0.5) -> bool:
-    """Until every run in `ids` has ended; True if all completed. Ctrl-C raises KeyboardInterrupt."""
+def follow(root: Path, ids: list[str], *, live: bool, interval: float = 0.5,
+           since: float | None = None) -> bool:
+    """Until every run in `ids` has ended; True if all completed. `since`: when they were
+    queued (a run that started since and ended before the first read is told). Ctrl-C
+    raises KeyboardInterrupt."""
     from gridrun.commands.common import open_store
     from gridrun.engine import daemon
 
-    reader, feed = Reader(root), Feed(ids)
+    reader, feed = Reader(root), Feed(ids, since)
     previous, next_engine_check = None, 0.0
     with open_store(root) as store:  # damage found while following: one line, exit 2
         runs, events = feed.read(store)
