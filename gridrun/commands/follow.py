@@ -323,8 +323,8 @@ class Feed:
                                  else r.status in (states.RUNNING, *states.FINISHED)
                                  and r.started_at != before.started_at):
                 events.append(("started", r))  # a new start (a retry's too)
-            if ended_unseen or before is not None and r.status in states.FINISHED and (
-                    (before.status, before.ended_at) != (r.status, r.ended_at)):
+            if ended_unseen or (before is not None and r.status in states.FINISHED and (
+                    (before.status, before.ended_at) != (r.status, r.ended_at))):
                 events.append(("ended", r))
         return list(self.runs.values()), events
 
