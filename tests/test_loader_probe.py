@@ -102,9 +102,12 @@ def test_workers_memory_is_read_as_uss_and_pss():
 
 
 def test_an_auto_run_ends_where_a_fixed_run_ends_and_verifies(tmp_path, quick):
-    fixed_run, fixed = make_run(tmp_path, "fixed", TASK_ARGS, epochs=2, batch_size=16,
+    # 6 epochs: the run's data takes a few times the probe's budget, so it probes workers
+    # (at 2 epochs the estimate was 1.3x the budget here, and under a burst of load it
+    # came out under it, and the probe rightly tried none)
+    fixed_run, fixed = make_run(tmp_path, "fixed", TASK_ARGS, epochs=6, batch_size=16,
                                 num_workers=0)
-    auto_run, auto = make_run(tmp_path, "auto", TASK_ARGS, epochs=2, batch_size=16,
+    auto_run, auto = make_run(tmp_path, "auto", TASK_ARGS, epochs=6, batch_size=16,
                               num_workers="auto")
     assert fixed_run.id == "fixed" and auto_run.trainer["num_workers"] == "auto"
     s_fixed = train(fixed_run, fixed, log=lambda s: None)
