@@ -48,10 +48,11 @@ def wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, min_step: int, ti
     while not deadline.passed():
         if proc.poll() is not None:
             pytest.fail(f"worker ended early ({proc.returncode}): {proc.stderr.read().decode()}")
-        if path.exists():
-            step = checkpoint.load(path)["step"]
-            if step >= min_step:
-                return step
+        # None: last.pt was renamed to prev.pt between the look and the read (a save
+        # keeps the previous one), the new one not yet in place: look again
+        saved = checkpoint.load(path) if path.exists() else None
+        if saved is not None and saved["step"] >= min_step:
+            return saved["step"]
         time.sleep(0.01)
     proc.kill()
     pytest.fail("no checkpoint in time")
