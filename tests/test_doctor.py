@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -385,7 +386,8 @@ def test_doctor_reads_the_heartbeat(copy):
     (copy / "engine.pid").write_text(json.dumps({"pid": pid, "start_time": process_start_time(pid)}))
     code, found = checks(copy)
     assert code == 1 and found["heartbeat"]["status"] == "FAIL"
-    assert "has not responded for 120 s" in found["heartbeat"]["message"]
+    # the age is read as the test runs: a busy machine reads 121 s or more
+    assert re.search(r"has not responded for 1[2-9]\d s", found["heartbeat"]["message"])
     with Store(copy) as store:
         store.set_state("engine_heartbeat", {"pid": pid, "t": time.time()})
     code, found = checks(copy)

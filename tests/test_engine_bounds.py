@@ -13,6 +13,7 @@ import stat
 import subprocess
 from pathlib import Path
 
+import patience
 import pytest
 from test_engine_kit import kill_quietly
 from typer.testing import CliRunner
@@ -170,7 +171,9 @@ def test_an_engine_with_a_billion_cpu_slots_in_its_store_starts_with_the_bound(t
     try:
         st = daemon.start(root)
         assert st.running and daemon.status(root).pid == st.pid  # its engine.pid reads back whole
-        log = (root / daemon.LOG).read_text()
+        # the engine writes its slots line after it comes up: on a busy machine, later
+        log = patience.wait_for(lambda: (lambda t: "slots cpu0, " in t and t)(
+            (root / daemon.LOG).read_text()), 60, what="the engine's slots line")
         assert "cpu_slots = 1000000000" in log and "using 4096" in log, log
         assert "slots cpu0, " in log and "..., cpu4095 (4096 slots)" in log
     finally:
