@@ -81,5 +81,4 @@ def resumed_note(summary: Any) -> str:
     if s is None or not s.environment_changes:
         return ""
     return "resumed in another environment: " + ", ".join(
-        f"{c.get('field')} {c.get('from')} -> {c.get('to')} at step {c.get('step')}"
-        for c in s.environment_changes)
+        map(records.change_text, s.environment_changes))

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gridrun.runs import layout, nofollow
+from gridrun.runs import layout, nofollow, records
 
 WEIGHTS = "weights"  # the `split` of a difference in the final weights
 
@@ -88,8 +88,7 @@ def describe(verdict: dict[str, Any], *, short: bool = False) -> str:
                  "in the same environment)")
     changes = [c for c in verdict.get("resumed_changes") or [] if isinstance(c, dict)]
     if changes:
-        said = ", ".join(f"{c.get('field')} {c.get('from')!r} -> {c.get('to')!r} at step "
-                         f"{c.get('step')}" for c in changes)
+        said = ", ".join(map(records.change_text, changes))
         text += (f"; the run was resumed in another environment: {said} (its bits from "
                  "there on are not an uninterrupted run's)")
     return text

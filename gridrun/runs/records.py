@@ -359,3 +359,10 @@ _BY_TYPE: dict[str, Any] = {
     "list[dict[str, Any]]": lambda v: [x for x in v if isinstance(x, dict)] if isinstance(v, list) else None,
 }
 _CLEANERS = {f.name: _BY_TYPE[f.type] for f in fields(Summary)}
+
+
+def change_text(change: dict[str, Any]) -> str:
+    """One of summary.json's `environment_changes` for people: `threads 2 -> 1 at step 6`
+    (ls, the interface's detail and verify say it so)."""
+    return (f"{change.get('field')} {change.get('from')} -> {change.get('to')} "
+            f"at step {change.get('step')}")
