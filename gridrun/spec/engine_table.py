@@ -62,6 +62,38 @@ BOUNDS = {
 }
 MAX_GPU = 255  # gpus: an index past any machine's (the largest hold 16 to 20 GPUs)
 
+# What each key is, for the reference page (scripts/docs.py writes it with EngineConfig's
+# defaults and the bounds above): (TOML type, meaning)
+DOCS = {
+    "gpus": ('"auto" or array of integers', 'the GPUs runs may use: "auto" every GPU NVML sees, '
+             "[] none (CPU runs only), or their indices"),
+    "runs_per_gpu": ('integer or "auto"', 'runs at once on each GPU ("auto": as many as their '
+                     "measured memory fits)"),
+    "cpu_slots": ("integer", "runs at once on the CPU (their threads never more than the usable "
+                  "cores)"),
+    "foreign": ("string", '"avoid": no new run on a GPU where another user\'s process computes; '
+                '"share": runs start there beside it'),
+    "backend": ("string", '"local" (this machine), "ray" (a Ray cluster) or "slurm" (a job per '
+                "run, or per pack of runs)"),
+    "ray_address": ("string", 'the Ray cluster (backend = "ray"): "auto", "ray://host:port" or '
+                    '"host:port"'),
+    "partition": ("string", 'the SLURM partition (backend = "slurm"; unset: the cluster\'s '
+                  "default, as for every SLURM key)"),
+    "gpus_per_run": ("integer", "the GPUs a SLURM job asks for (0: CPU runs)"),
+    "cpus_per_run": ("integer", "the CPUs a SLURM job asks for"),
+    "mem": ("string or integer", 'a job\'s memory as sbatch --mem takes it, e.g. "16G" (a number: '
+            "MB)"),
+    "time": ("string or integer", 'a job\'s time limit as sbatch --time takes it, e.g. "4:00:00" '
+             'or "1-12" (a number: minutes)'),
+    "account": ("string", "the SLURM account charged"),
+    "qos": ("string", "the SLURM quality of service"),
+    "constraint": ("string", "the node features a job needs (sbatch --constraint)"),
+    "max_jobs": ("integer", "runs pending or running on the cluster at once"),
+    "runs_per_job": ("integer", "runs one job runs one after another"),
+    "slurm_args": ("table", 'any other sbatch option, e.g. { reservation = "mine", exclusive = '
+                   "true }"),
+}
+
 
 def _int(value: Any, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low

@@ -39,6 +39,29 @@ MODES = ("min", "max")
 TABLE_KEYS = ("trials", "sampler", "seed", "params", "scheduler", "metric", "mode", "min_epochs",
               "max_epochs", "eta", "brackets")
 MAX_TRIALS = 10_000
+# a key left out of the table is this (trials, params and, with a scheduler, metric and
+# max_epochs have none: they must be given)
+DEFAULTS = {"sampler": "sobol", "seed": 0, "scheduler": "", "mode": "", "min_epochs": 1, "eta": 3,
+            "brackets": 1}
+# What each key is, for the reference page (scripts/docs.py): (TOML type, meaning)
+DOCS = {
+    "trials": ("integer", f"how many trials are sampled (1 to {MAX_TRIALS:,})"),
+    "sampler": ("string", '"sobol" (quasi-random, even coverage), "random" or "grid" (choice '
+                "and int distributions only)"),
+    "seed": ("integer", "the sampler's seed: trial i's values depend only on the sampler, the "
+             "seed and i"),
+    "params": ("table of tables", 'the searched keys, each a distribution: { dist = "uniform", '
+               '"log_uniform", "int_uniform" or "int_log_uniform", low, high } or { dist = '
+               '"choice", values = [...] }'),
+    "scheduler": ("string", '"asha": successive halving (trials pause at rungs, the best '
+                  "1/eta go on); empty: every trial trains to the end"),
+    "metric": ("string", "the validation metric the scheduler ranks trials by (with a scheduler)"),
+    "mode": ("string", '"min" or "max" (empty: the direction the task declares for the metric)'),
+    "min_epochs": ("integer", "the first rung: the epochs every trial trains"),
+    "max_epochs": ("integer", "the epochs of a trial that is never stopped (with a scheduler)"),
+    "eta": ("integer", "the rungs' ratio: min_epochs x eta^k, and 1/eta of a rung goes on"),
+    "brackets": ("integer", "brackets of trials, each starting at a later rung"),
+}
 DIGITS = 4  # significant digits of a sampled float: the value as the run's config and id hold it
 
 # the parameter a search may not sample: the scheduler owns the budget, the matrix its seeds
@@ -274,11 +297,11 @@ def check_search(add: Add, check: Check, table: Any, path: tuple[str, ...],
             counted(f"unknown key {field!r} in the search table", *path, field,
                     key=f"search.{field}", suggestion=nearest(field, TABLE_KEYS))
     trials = _count(counted, table, "trials", path, None, 1, MAX_TRIALS)
-    sampler = table.get("sampler", "sobol")
+    sampler = table.get("sampler", DEFAULTS["sampler"])
     if sampler not in SAMPLERS:
         counted(f"expected one of {' | '.join(map(repr, SAMPLERS))}, got {show_value(sampler)}",
                 *path, "sampler", key="search.sampler", suggestion=nearest(str(sampler), SAMPLERS))
-    seed = table.get("seed", 0)
+    seed = table.get("seed", DEFAULTS["seed"])
     if not _int(seed) or not 0 <= seed < 2**63:
         counted(f"expected an integer >= 0, got {show_value(seed)}", *path, "seed",
                 key="search.seed")
@@ -318,7 +341,7 @@ def check_search(add: Add, check: Check, table: Any, path: tuple[str, ...],
             if trials > size:
                 counted(f"trials ({trials}) is more than the grid's {size} points: set trials = "
                         f"{size}, or use sampler = \"sobol\"", *path, "trials", key="search.trials")
-    scheduler = table.get("scheduler", "")
+    scheduler = table.get("scheduler", DEFAULTS["scheduler"])
     options: dict[str, Any] = {}
     if scheduler:
         options = _scheduler(counted, table, path, scheduler) or {}
@@ -343,14 +366,14 @@ def _scheduler(add: Add, table: dict[str, Any], path: tuple[str, ...],
     if not isinstance(metric, str) or not metric:
         add("expected metric = the name of a validation metric of the task, e.g. \"accuracy\", "
             f"got {show_value(metric)}", *path, "metric", key="search.metric")
-    mode = table.get("mode", "")
+    mode = table.get("mode", DEFAULTS["mode"])
     if mode not in ("", *MODES):
         add(f"expected mode = \"min\" or \"max\" (or leave it out: the metric's own direction), "
             f"got {show_value(mode)}", *path, "mode", key="search.mode",
             suggestion=nearest(str(mode), MODES))
-    low = _count(add, table, "min_epochs", path, 1, 1)
+    low = _count(add, table, "min_epochs", path, DEFAULTS["min_epochs"], 1)
     high = _count(add, table, "max_epochs", path, None, 1)
-    eta = table.get("eta", 3)
+    eta = table.get("eta", DEFAULTS["eta"])
     if not _int(eta) or eta < 2:
         add(f"expected eta = an integer >= 2 (the share kept at each rung is 1/eta), got "
             f"{show_value(eta)}", *path, "eta", key="search.eta")
@@ -363,7 +386,7 @@ def _scheduler(add: Add, table: dict[str, Any], path: tuple[str, ...],
             or mode not in ("", *MODES):
         return None
     most = len(rungs(low, high, eta))
-    brackets = _count(add, table, "brackets", path, 1, 1, most)
+    brackets = _count(add, table, "brackets", path, DEFAULTS["brackets"], 1, most)
     if brackets is None:
         return None
     return {"metric": metric, "mode": mode, "min_epochs": low, "max_epochs": high, "eta": eta,

@@ -28,6 +28,20 @@ from gridrun.spec.model import ExperimentSpec, format_value
 from gridrun.spec.search import SearchSpec, check_search
 
 TOP_LEVEL = ("defaults", "experiments", "engine")
+# What each of an experiment's own keys (keys.RESERVED) is, for the reference page
+# (scripts/docs.py): (TOML type, meaning)
+RESERVED_DOCS = {
+    "task": ("string", 'the task: a built-in task\'s name or "package.module:factory" of '
+             "your own; required"),
+    "grid": ("table of arrays", "the cartesian product of these keys' values: one cell each"),
+    "zip": ("table of arrays", "these keys' values varied together, pairwise (arrays of one "
+            "length)"),
+    "ablations": ("table of tables", "named changes, each one variant beside the unchanged "
+                  "baseline"),
+    "seeds": ("integer or array of integers", "a count (3: seeds 0, 1, 2) or the seeds "
+              "themselves; every cell runs once per seed (default: [0])"),
+    "search": ("table", "a search space sampled into trials: the search table's keys below"),
+}
 SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 MAX_NAME = 100  # an experiment name is a folder name: far below any file system's 255 bytes
 MAX_SEEDS = 100_000  # MAX_RUNS: `seeds = 10**9` is refused before a billion seeds are made
