@@ -71,7 +71,9 @@ def strangers(procs: Iterable[Any], run_pids: Collection[int], *,
     for p in procs:
         if keys is not None and p.gpu not in keys and p.uuid not in keys:
             continue
-        mine = ours(p.pid, run_pids)
+        # a Ray node's agent told on the node itself (its pids are not ours to look up)
+        mine = (p.ours or bool(p.engine)) if getattr(p, "ours", None) is not None \
+            else ours(p.pid, run_pids)
         if not (mine or (mine is None and blind and p.gpu in held)):
             out.append(p)
     return out
@@ -82,11 +84,13 @@ def taken(procs: Iterable[Any], run_pids: Collection[int], *, keys: Collection[A
           ours: Callable[[int, Collection[int]], bool | None] = owner) -> list[dict[str, Any]]:
     """The GPUs foreign processes (`strangers`) take, in GPU order, each with those
     processes (pid, user, memory): a process over `min_bytes`, or of unknown memory."""
-    gpus: dict[int, dict[str, Any]] = {}
+    gpus: dict[tuple[str, int], dict[str, Any]] = {}
     for p in strangers(procs, run_pids, keys=keys, held=held, blind=blind, ours=ours):
         if p.mem_bytes is not None and p.mem_bytes <= min_bytes:
             continue
-        gpu = gpus.setdefault(p.gpu, {"gpu": p.gpu, "uuid": p.uuid, "processes": []})
+        node = getattr(p, "node", None)  # a Ray node's GPU: its index is the node's
+        gpu = gpus.setdefault((node or "", p.gpu), {"gpu": p.gpu, "uuid": p.uuid, "processes": []}
+                              | ({"node": node} if node else {}))
         gpu["processes"].append({"pid": p.pid, "user": p.user, "mem_bytes": p.mem_bytes})
     return [gpus[g] for g in sorted(gpus)]
 
@@ -125,7 +129,7 @@ class Watch:
         gpus = taken(others, (), min_bytes=MIN_BYTES, ours=lambda pid, runs: False)
         self.bytes = {}
         for p in others:
-            for key in {p.gpu, p.uuid} - {None}:
+            for key in gpu_keys(p.gpu, p.uuid, getattr(p, "node", None)):
                 self.bytes[key] = self.bytes.get(key, 0) + (p.mem_bytes or 0)
         changed = who(gpus) != who(self.gpus)
         self.gpus = gpus
@@ -135,7 +139,7 @@ class Watch:
         """The GPUs no new run starts on (placement.plan's `avoid`), by index and UUID."""
         if self.policy != AVOID:
             return frozenset()
-        return frozenset(k for g in self.gpus for k in (g["gpu"], g.get("uuid")) if k is not None)
+        return frozenset(k for g in self.gpus for k in gpu_keys(g["gpu"], g.get("uuid"), g.get("node")))
 
     def memory(self) -> dict[Any, int]:
         """GPU (index and UUID) -> every byte others' processes use there, however small
@@ -149,6 +153,19 @@ class Watch:
             return None
         return {"policy": self.policy, "gpus": self.gpus,
                 "waits": dict(waits) if waits and self.policy == AVOID else None}
+
+
+def gpu_keys(index: Any, uuid: Any, node: str | None = None) -> set[Any]:
+    """How placement may name a GPU: its index and UUID here; on a Ray node, where every
+    node has a GPU 0, its UUID (or the key its node gives it) alone."""
+    if node:
+        return {uuid or f"{node}:gpu{index}"}
+    return {index, uuid} - {None}
+
+
+def gpu_name(g: Mapping[str, Any]) -> str:
+    """A GPU for people: `gpu1`, or `node2:gpu1` on a Ray node."""
+    return f"{g['node']}:gpu{g.get('gpu')}" if g.get("node") else f"gpu{g.get('gpu')}"
 
 
 def who(gpus: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
@@ -176,9 +193,9 @@ def gpu_lines(state: Any) -> list[str]:
         if not isinstance(g, dict) or not isinstance(g.get("processes"), list):
             continue  # a state written by hand or another version: nothing to say
         procs = [p for p in g["processes"] if isinstance(p, dict)]
-        out.append(f"gpu{g.get('gpu')}: shared with {by_users(procs)}: runs start there beside "
+        out.append(f"{gpu_name(g)}: shared with {by_users(procs)}: runs start there beside "
                    'them ([engine] foreign = "share")' if share else
-                   f"gpu{g.get('gpu')}: taken by {by_users(procs)}: no new run starts there "
+                   f"{gpu_name(g)}: taken by {by_users(procs)}: no new run starts there "
                    '([engine] foreign = "share" to use it anyway)')
     return out
 

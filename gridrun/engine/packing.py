@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gridrun.engine.entries import who
+from gridrun.engine.foreign import gpu_keys
 from gridrun.spec.keys import TRAINER_KEYS
 from gridrun.train.loop.memory import CONTEXT  # the run's: its budget less this caps the allocator
 
@@ -162,9 +163,10 @@ class Book:
         for g in gpus:
             index, total, used = g.get("index"), g.get("mem_total_bytes"), g.get("mem_used_bytes")
             if isinstance(index, int) and isinstance(total, int) and total > 0:
-                for key in {index, g.get("uuid")} - {None}:
+                for key in gpu_keys(index, g.get("uuid"), g.get("node")):
                     self.totals[key] = total
-                    self.keys[key] = g.get("uuid") or f"index:{index}"
+                    self.keys[key] = g.get("uuid") or (f"{g['node']}:gpu{index}" if g.get("node")
+                                                       else f"index:{index}")
                     if isinstance(used, int) and used >= 0:
                         self.used[key] = used
                     else:  # not reported: commitments and processes alone bound the room

@@ -80,13 +80,20 @@ def never(devices: int, slots: Sequence[Slot]) -> str | None:
 
 def pick(free: Sequence[Slot], devices: int, fit: Mapping[Any, int] | None = None
          ) -> list[Slot] | None:
-    """`devices` of the free slots, each on a GPU of its own; None if too few. In slot
-    order, or with `fit` (GPU -> the room it would leave) only on those GPUs, the
-    tightest first."""
-    chosen: list[Slot] = []
-    gpus = set()
+    """`devices` of the free slots, each on a GPU of its own, all on one machine (a Ray
+    node's slots name it); None if too few. In slot order, or with `fit` (GPU -> the
+    room it would leave) only on those GPUs, the tightest first."""
     if fit is not None:
         free = sorted((s for s in free if gpu_of(s) in fit), key=lambda s: fit[gpu_of(s)])
+    for node in dict.fromkeys(s.node for s in free):
+        if (chosen := _pick_on([s for s in free if s.node == node], devices)) is not None:
+            return chosen
+    return None
+
+
+def _pick_on(free: Sequence[Slot], devices: int) -> list[Slot] | None:
+    chosen: list[Slot] = []
+    gpus = set()
     for slot in free:
         gpu = gpu_of(slot)
         if gpu is not None and gpu in gpus:

@@ -11,6 +11,7 @@ from typing import Any
 
 from gridrun.engine import placement
 from gridrun.engine.foreign import Watch, gpu_lines
+from gridrun.engine.sharing import Sharing
 from gridrun.runs import space
 
 log = logging.getLogger("gridrun.engine")
@@ -31,6 +32,24 @@ class Sampling:
     active: dict[str, Any]
     slots: list[Any]
     store: Any
+    backend: Any
+    runs_per_gpu: Any
+
+    @property
+    def backend_sees_nodes(self) -> bool:
+        return getattr(self.backend, "telemetry", None) is not None
+
+    def adopt_cluster(self) -> None:
+        """A backend that sees its nodes' GPUs itself (Ray: an agent on each node) gives
+        the engine its telemetry, and its ledger (each node's own) for packing: the good
+        neighbour and packing then work on every node as on this machine."""
+        telemetry = getattr(self.backend, "telemetry", None)
+        if telemetry is None:
+            return
+        self.telemetry = telemetry
+        ledger = getattr(self.backend, "ledger", None)
+        if self.sharing is None and ledger is not None:
+            self.sharing = Sharing.for_engine(self.runs_per_gpu, self.slots, True, ledger)
 
     def sample_telemetry(self) -> None:
         if self.telemetry is None:
@@ -74,7 +93,8 @@ class Sampling:
         runs = {a.handle.pid: a.run_id for a in self.active.values()}
         held = {p.gpu for a in self.active.values() if a.slot for p in a.slot.parts}
         keys = {g for s in self.slots if (g := placement.gpu_of(s)) is not None}
-        friends = self.sharing.verify if self.sharing else ()  # other engines' runs, verified
+        # other engines' runs, verified here (a Ray node's agent verifies its own)
+        friends = self.sharing.verify if self.sharing and not self.backend_sees_nodes else ()
         try:
             if self.others.sample(self.telemetry, runs, keys, held, friends):
                 for line in gpu_lines(self.others.state()) or ["no GPU is taken by others"]:

@@ -64,9 +64,9 @@ class Engine(Endings, Sampling):
         self.others = Watch(foreign or table.get("foreign"))
         self.backend, self.slots, self.telemetry = backend, slots, telemetry
         # the GPUs' memory, shared with other engines (engine/sharing.py); None: not ours
-        self.sharing = Sharing.for_engine(
-            runs_per_gpu if runs_per_gpu is not None else table.get("runs_per_gpu", 1), slots,
-            getattr(backend, "name", "") == "local", ledger)
+        self.runs_per_gpu = runs_per_gpu if runs_per_gpu is not None else table.get("runs_per_gpu", 1)
+        self.sharing = Sharing.for_engine(self.runs_per_gpu, slots,
+                                          getattr(backend, "name", "") == "local", ledger)
         self.tick, self.backoff = tick, backoff
         self.cancel_grace, self.stop_grace = cancel_grace, stop_grace
         self.telemetry_every, self.processes_every = telemetry_every, processes_every
@@ -85,6 +85,7 @@ class Engine(Endings, Sampling):
 
     def start(self) -> None:
         self.backend.start()
+        self.adopt_cluster()  # a Ray cluster's GPUs: every node's telemetry and ledger
         if self.sharing:
             self.sharing.learn_from(self.store.list_runs())  # what each shape measured so far
         self.recover()

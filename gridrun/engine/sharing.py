@@ -25,7 +25,7 @@ from typing import Any
 from gridrun.engine import packing
 from gridrun.engine.backends.base import Slot
 from gridrun.engine.entries import REFRESH, Entry, engine_runs, holders, thread_holders
-from gridrun.engine.foreign import owner
+from gridrun.engine.foreign import gpu_keys, owner
 from gridrun.engine.ledger import Ledger
 from gridrun.engine.placement import Plan, gpu_of
 from gridrun.runs import states
@@ -36,7 +36,7 @@ log = logging.getLogger("gridrun.engine")
 class Sharing:
     def __init__(self, runs_per_gpu: int | str, slots: Sequence[Slot], ledger: Ledger | None = None):
         self.book = packing.Book(runs_per_gpu)
-        self.gpus = list(dict.fromkeys(g for s in slots if (g := gpu_of(s)) is not None))
+        self.slots = slots  # the engine's very list: a Ray cluster's changes as nodes come and go
         self.ledger = ledger if ledger is not None else Ledger()
         self.others: list[Entry] = []
         self.verified: dict[int, Entry] = {}  # pid -> the entry it is verifiably a run of
@@ -45,10 +45,15 @@ class Sharing:
         if self.ledger.problem:
             log.warning("%s", self.ledger.problem)
 
+    @property
+    def gpus(self) -> list[Any]:
+        return list(dict.fromkeys(g for s in self.slots if (g := gpu_of(s)) is not None))
+
     @classmethod
     def for_engine(cls, runs_per_gpu: Any, slots: Sequence[Slot], local: bool,
                    ledger: Ledger | None = None) -> Sharing | None:
-        """The engine's Sharing, or None: not this machine's GPUs (SLURM, Ray, CPU slots)."""
+        """The engine's Sharing, or None: GPUs it does not place itself (SLURM), CPU slots.
+        `local`: this machine's GPUs, or a Ray cluster's with its ledger (`ledger`)."""
         if not local or not any(s.gpu is not None for s in slots):
             return None
         return cls(runs_per_gpu if runs_per_gpu == "auto" else max(1, int(runs_per_gpu or 1)),
@@ -98,11 +103,17 @@ class Sharing:
         pids = {a.handle.pid for a in active.values()}
         use: dict[tuple[str, str], int] = {}  # (ledger key, committer) -> bytes listed
         for p in listed:
-            key = self.book.keys.get(p.gpu) or self.book.keys.get(p.uuid)
-            entry = self.verified.get(p.pid)
-            if key is None or not p.mem_bytes or (entry is None and not owner(p.pid, pids)):
+            key = next((self.book.keys[k] for k in gpu_keys(p.gpu, p.uuid, getattr(p, "node", None))
+                        if k in self.book.keys), None)
+            if getattr(p, "ours", None) is not None:  # told on its Ray node, where its pid is known
+                mine, theirs = p.ours, p.engine
+            else:
+                entry = self.verified.get(p.pid)
+                theirs = entry.file if entry is not None else None
+                mine = theirs is None and owner(p.pid, pids)
+            if key is None or not p.mem_bytes or (theirs is None and not mine):
                 continue
-            who = entry.file if entry is not None else ""  # "": this engine
+            who = theirs if theirs is not None else ""  # "": this engine
             use[key, who] = use.get((key, who), 0) + p.mem_bytes
         commits = {(self.book.keys.get(g), ""): n for g, n in self.commits(active).items()}
         for entry in self.others:

@@ -31,6 +31,7 @@ class GpuSample:
     temperature_c: float | None = None
     sm_clock_mhz: int | None = None
     uuid: str | None = None  # "GPU-...": the same GPU for every engine, whatever its index
+    node: str | None = None  # the Ray node's name, sampled there (engine/backends/ray)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,10 @@ class GpuProcess:
     mem_bytes: int | None = None  # NVML's usedGpuMemory; None when it does not say
     user: str = "?"  # psutil's username; "?" when it cannot be read (another PID namespace)
     uuid: str | None = None  # the GPU's ("GPU-..."), to match a slot given by UUID
+    # Listed by a Ray node's agent, which tells whose it is on the node (its pids):
+    node: str | None = None  # the node's name
+    ours: bool | None = None  # this engine's run or below one; None: not told (this machine)
+    engine: str | None = None  # the ledger entry of the engine whose run it verifiably is
 
 
 def show(value: Any, unit: str = "") -> str:

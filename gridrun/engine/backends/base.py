@@ -34,6 +34,7 @@ class Slot:
     device: str | None = None  # a GPU-/MIG- UUID the engine inherited, passed on as it is
     members: tuple[Slot, ...] = ()  # a gang's slots, each a plain slot
     budget: int | None = field(default=None, compare=False)  # bytes of GPU memory, per GPU
+    node: str | None = None  # the Ray node it is on (its id), None on this machine
 
     @property
     def env(self) -> dict[str, str]:
@@ -55,6 +56,8 @@ class Slot:
             return ""
         if self.members:  # rank r of the run uses cuda:r
             return ",".join(m.cuda_visible_devices for m in self.members)
+        if self.node is not None and not (self.device or "").startswith(("GPU-", "MIG-")):
+            return str(self.gpu)  # a Ray node's GPU known by its index only: the key is ours
         return self.device or str(self.gpu)
 
 
@@ -64,7 +67,8 @@ def gang(slots: Sequence[Slot]) -> Slot:
     CUDA_VISIBLE_DEVICES lists every member's GPU ("0,1"). One slot stays itself."""
     if len(slots) == 1:
         return slots[0]
-    return Slot("+".join(s.name for s in slots), slots[0].gpu, members=tuple(slots))
+    return Slot("+".join(s.name for s in slots), slots[0].gpu, members=tuple(slots),
+                node=slots[0].node)
 
 
 class Refused(Exception):

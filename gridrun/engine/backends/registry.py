@@ -42,8 +42,7 @@ def make_backend(config: Any, root: str | Path, log_path: Path | None = None) ->
         from gridrun.engine.backends.ray import RayBackend, RayUnavailable
 
         try:
-            per = 1 if config.runs_per_gpu == "auto" else config.runs_per_gpu  # Ray: no packing
-            return RayBackend(root, address=config.ray_address, runs_per_gpu=per,
+            return RayBackend(root, address=config.ray_address, runs_per_gpu=config.runs_per_gpu,
                               log_path=log_path)
         except RayUnavailable as e:  # installed, but broken
             raise BackendError(str(e)) from e

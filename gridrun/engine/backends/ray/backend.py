@@ -1,19 +1,25 @@
 """Runs on a Ray cluster: the queue stays in gridrun, Ray only places and runs each run.
 
-Decisions (issue 7):
+Decisions (issues 7 and 47):
 
-- Each run is one Ray task asking for `num_cpus=1` and `num_gpus=1/runs_per_gpu`
-  (0 on a cluster without GPUs); a run on `devices` > 1 fails at its launch with
-  one line (`base.Refused`: one process per run here). The engine submits a run
-  only onto a free slot, and the slots are the cluster's capacity (`slots()`: GPUs times
-  runs_per_gpu, or CPUs), so nothing waits inside Ray's queue: the order,
+- gridrun places every run itself, on a node and a GPU, as it does on one server,
+  and Ray only runs it there. A small agent on each node (nodes.Nodes, agent.py)
+  sees the node's GPUs with the node's own NVML; the slots are each node's GPUs
+  (`node2:gpu1`, times runs_per_gpu; a node's CPUs where it has no GPU), refreshed
+  as `poll` runs, so nodes that join or leave change where runs go. The engine's
+  good neighbour and packing see every node (`telemetry`: nodes.ClusterTelemetry;
+  `ledger`: nodes.ClusterLedger, each node's own ledger), so no run starts on a GPU
+  someone else uses under "avoid", and runs are packed per GPU by measured memory.
+- Each run is one Ray task pinned to its slot's node (node affinity, hard), asking
+  Ray for `num_cpus=1` and no GPU: the GPUs are gridrun's to hand out, so Ray's
+  fractional GPU count never over-commits a card; the task gives the run its
+  CUDA_VISIBLE_DEVICES and memory budget (`Slot.env`). The engine submits a run
+  only onto a free slot, so nothing waits inside Ray's queue: the order,
   priorities, pause and retries stay in gridrun and stay reorderable.
-  The slot list is refreshed from the alive nodes as `poll` runs, so nodes
-  that join or leave change how many runs go out.
 - On its node the task starts the same entry as the local backend,
   `python -m gridrun.engine.backends.child RUN_DIR` (it takes the run's lock,
   points stdout/stderr at RUN_DIR/output.log, runs the worker and leaves an
-  exit record); Ray has set CUDA_VISIBLE_DEVICES for the task. The task is a
+  exit record) with its slot's environment. The task is a
   streaming generator that yields events: started (node, pid), new
   metrics.jsonl lines as they appear (liveness and progress), and last the
   exit code.
@@ -61,6 +67,8 @@ from gridrun.spec import read_run_config
 try:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from gridrun.engine.backends.ray.nodes import ClusterLedger, ClusterTelemetry, Node, Nodes
 except ImportError as e:  # not installed, or installed and broken: said by _require_ray
     ray, RAY_IMPORT_ERROR = None, e
 
@@ -106,21 +114,35 @@ class _Task:
     started_after: float | None = None  # seconds from launch to the process started
 
 
+def node_slots(node: Node, runs_per_gpu: int | str) -> list[Slot]:
+    """A node's slots: each GPU its NVML sees (else each Ray counts there) times
+    runs_per_gpu ("auto": the node's cores bound it), or a slot a CPU."""
+    per = node.cores if runs_per_gpu == "auto" else int(runs_per_gpu)
+    gpus = node.gpus or [{"index": i, "uuid": None} for i in range(node.ray_gpus)]
+    if not gpus:
+        return [Slot(f"{node.name}:cpu{k}", node=node.id) for k in range(node.cores)]
+    return [Slot(f"{node.name}:gpu{g['index']}" + (f".{k}" if per > 1 else ""), g["index"],
+                 node.key(g), node=node.id) for g in gpus for k in range(per)]
+
+
 class RayBackend(Backend):
     name = "ray"
 
-    def __init__(self, root: str | Path, *, address: str = "auto", runs_per_gpu: int = 1,
+    def __init__(self, root: str | Path, *, address: str = "auto", runs_per_gpu: int | str = 1,
                  log_path: Path | None = None, check_shared: bool = True):
         _require_ray()
         self.root = Path(root).resolve()
         self.address = address
-        self.runs_per_gpu = max(1, int(runs_per_gpu))
+        # "auto": packed by measured memory (engine/packing.py); a node's cores bound how many
+        self.runs_per_gpu = runs_per_gpu if runs_per_gpu == "auto" else max(1, int(runs_per_gpu))
         self.log_path = log_path
         self.check_shared = check_shared
         self.tasks: dict[str, _Task] = {}  # run id -> task
         self._slots: list[Slot] = []
-        self._gpu = False
         self._next_refresh = 0.0
+        self.nodes: Nodes | None = None
+        self.telemetry: ClusterTelemetry | None = None  # the engine's, for every node
+        self.ledger: ClusterLedger | None = None  # engine/sharing's, every node's own
         self._owns_ray = False
         self._remote: dict[str, Any] = {}
 
@@ -147,8 +169,11 @@ class RayBackend(Backend):
         }
         if self.check_shared:
             self.check_root_shared()
+        self.nodes = Nodes()
+        self.telemetry = ClusterTelemetry(self.nodes, self.run_pids)
+        self.ledger = ClusterLedger(self.nodes, self.run_pids)
         self.refresh_slots(force=True)
-        log.info("ray backend: %d slots on %d nodes", len(self._slots), len(self._alive_nodes()))
+        log.info("ray backend: %d slots on %d nodes", len(self._slots), len(self.nodes.alive))
 
     def _submit(self, name: str, *args: Any, node: str | None = None, **options: Any) -> Any:
         fn, defaults = self._remote[name]
@@ -196,18 +221,21 @@ class RayBackend(Backend):
 
     def refresh_slots(self, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and now < self._next_refresh:
+        if self.nodes is None or (not force and now < self._next_refresh):
             return
         self._next_refresh = now + REFRESH_EVERY
-        gpus = cpus = 0
-        for node in self._alive_nodes():
-            res = node.get("Resources", {})
-            gpus += int(res.get("GPU", 0)) * self.runs_per_gpu
-            cpus += int(res.get("CPU", 0))
-        count = gpus if gpus else cpus
-        self._gpu = bool(gpus)
+        self.nodes.refresh()
         # kept in place: the engine reads this very list when it looks for free slots
-        self._slots[:] = [Slot(f"ray{i}") for i in range(count)]
+        self._slots[:] = [s for node in sorted(self.nodes.alive.values(), key=lambda n: n.name)
+                          for s in node_slots(node, self.runs_per_gpu)]
+
+    def run_pids(self) -> dict[str, list[int]]:
+        """This engine's run processes by Ray node id (their pids are that node's)."""
+        out: dict[str, list[int]] = {}
+        for task in self.tasks.values():
+            if task.node and task.pid:
+                out.setdefault(task.node, []).append(task.pid)
+        return out
 
     # ---- runs ---------------------------------------------------------------------
 
@@ -216,8 +244,8 @@ class RayBackend(Backend):
         if devices > 1:  # `plan` refuses it with a Ray [engine]; queued with another one, here
             raise Refused(f"devices = {devices}: the Ray backend runs one process per run; use "
                           "backend = \"local\" or \"slurm\" for multi-device runs")
-        opts = {"num_gpus": 1 / self.runs_per_gpu} if self._gpu else {}
-        gen = self._submit("run", str(Path(run_dir).resolve()), fresh, **opts)
+        # pinned to the node gridrun chose; its GPUs are in its environment, not Ray's count
+        gen = self._submit("run", str(Path(run_dir).resolve()), fresh, slot.env, node=slot.node)
         task = _Task(gen, launched_at=time.monotonic())
         task.handle = Handle(run_id, Path(run_dir), 0, 0.0, slot, extra=task)
         self.tasks[run_id] = task
@@ -321,6 +349,9 @@ class RayBackend(Backend):
 
     def close(self) -> None:
         self.tasks.clear()
+        if self.nodes is not None:
+            with contextlib.suppress(Exception):
+                self.nodes.close()
         if self._owns_ray:
             ray.shutdown()
             self._owns_ray = False

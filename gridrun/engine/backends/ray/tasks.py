@@ -29,7 +29,7 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def run_task(run_dir: str, fresh: bool):
+def run_task(run_dir: str, fresh: bool, env: dict[str, str] | None = None):
     """The body of the Ray task: run the child, stream its events."""
     import ray as _ray
 
@@ -45,10 +45,10 @@ def run_task(run_dir: str, fresh: bool):
     while True:
         with open(path / layout.OUTPUT, "ab") as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                    preexec_fn=_die_with_parent)
+                                    preexec_fn=_die_with_parent, env={**os.environ, **(env or {})})
         yield {"event": "started", "node": node, "pid": proc.pid,
                "start_time": child.process_start_time(proc.pid) or 0.0,
-               "cuda": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+               "cuda": (env or {}).get("CUDA_VISIBLE_DEVICES", "")}
         offset, next_progress = 0, 0.0
         metrics = path / layout.METRICS
         while proc.poll() is None:
