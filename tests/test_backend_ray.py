@@ -87,7 +87,11 @@ def backend(cluster, tmp_path):
 
 
 def test_the_root_must_be_shared(backend, tmp_path):
-    assert [s.name for s in backend.slots()] == ["ray0", "ray1"]
+    from gridrun.engine.backends.ray.agent import node_name
+
+    # the node's two GPUs (Ray's count: no NVML here), named by the node, pinned to it
+    assert [s.name for s in backend.slots()] == [f"{node_name()}:gpu0", f"{node_name()}:gpu1"]
+    assert {s.node for s in backend.slots()} == {n.id for n in backend.nodes.alive.values()}
     backend.check_root_shared()  # one machine: trivially shared; a probe file went and came back
     assert not list(tmp_path.glob(".gridrun-probe*"))
 

@@ -216,13 +216,14 @@ class Sharing:
         engine cannot use the ledger (nothing starts on a GPU then), and notes."""
         ours, runs = held(active)
         theirs, gpus, named = self.committed(), [], []
+        names = {gpu_of(s): s.name.partition(".")[0] for s in self.slots}  # gpu1, node2:gpu1
         for gpu in self.gpus:
             room, key, total = (rooms or {}).get(gpu), self.book.keys.get(gpu), self.book.totals.get(gpu)
             others, used = min(theirs.get(key, 0), total or 0), self.book.used.get(gpu)
             mine, theirs_foreign = ours.get(gpu, 0), foreign.get(gpu, 0)
             bound = room is not None and total is not None and used is not None and \
                 room.free < total - mine - others - theirs_foreign
-            gpus.append({"gpu": gpu, "total": total, "ours": mine, "runs": runs.get(gpu, 0),
+            gpus.append({"gpu": gpu, "name": names.get(gpu), "total": total, "ours": mine, "runs": runs.get(gpu, 0),
                          "others": others, "foreign": theirs_foreign,
                          "free": room.free if room and total else None,
                          "used": used if bound else None})
