@@ -27,7 +27,9 @@ from gridrun.runs.store import Store
 from gridrun.spec import EngineConfig
 from gridrun.spec.engine_table import BOUNDS
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+# the pages with the [engine] tables: the local keys, and SLURM's
+ENGINE_PAGES = (DOCS / "engine.md", DOCS / "clusters.md")
 FILE = """[experiments.a]
 task = "spirals"
 epochs = 1
@@ -97,11 +99,11 @@ def test_a_gpu_listed_twice_or_beyond_any_machine_is_refused(tmp_path, gpus, wor
         assert word in line, line
 
 
-def test_the_readme_states_each_bound():
-    text = README.read_text()
+def test_the_docs_state_each_bound():
+    text = "\n".join(page.read_text() for page in ENGINE_PAGES)
     for key, bound in BOUNDS.items():
         rows = [ln for ln in text.splitlines() if ln.startswith("| `") and f"`{key}`" in ln.split("|")[1]]
-        assert rows, f"the README's [engine] tables have no row for {key}"
+        assert rows, f"the docs' [engine] tables have no row for {key}"
         assert all(f"<= {bound.most:,}" in row for row in rows), (key, rows)
 
 

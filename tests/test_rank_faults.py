@@ -208,11 +208,11 @@ def test_a_bound_from_the_environment_must_be_a_positive_number(monkeypatch, cap
     assert capsys.readouterr().err.count("is not a positive number of seconds; using 120") == 5
 
 
-def test_the_readme_states_the_bounds_the_code_uses():
+def test_the_docs_state_the_bounds_the_code_uses():
     from gridrun.train import ranks
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    faults = readme[readme.index("**Faults.**"):readme.index("## The background engine")]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "devices.md").read_text()
+    faults = page[page.index("## Faults"):]
     assert f"joins within {ranks.JOIN_DEADLINE_S:g} s" in faults.replace("\n", " ")
     assert f"stopped for {ranks.STOPPED_LIMIT_S:g} s" in faults
     assert ranks.JOIN_DEADLINE_ENV in faults and ranks.STOPPED_LIMIT_ENV in faults

@@ -1,80 +1,37 @@
-"""The README stays true: its trainer-key table is TRAINER_KEYS, its task example runs."""
+"""The pages' task of your own runs: every python block that starts `# mypkg/tasks.py`
+(the README's short one, docs/own-task.md's whole one) is a package that imports, builds a
+Task that trains and evaluates, and an experiment file uses. (The table of every key is
+docs/reference/experiment-keys.md, generated from the spec's own table.)"""
 
 from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
-from gridrun.spec import TRAINER_KEYS, Key, load_runs
-from gridrun.spec.keys import number
+import pytest
+from docs_kit import page_text, pages
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-START, END = "<!-- trainer-keys:start -->", "<!-- trainer-keys:end -->"
+from gridrun.spec import load_runs
 
-
-def toml(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return f'"{v}"'
-    if isinstance(v, list):
-        return "[" + ", ".join(toml(x) for x in v) + "]"
-    return repr(v)
+TASK = re.compile(r"```python\n# mypkg/tasks.py\n(.*?)```", re.S)
 
 
-def allowed(key: Key) -> str:
-    if key.choices:
-        return " \\| ".join(f"`{c}`" for c in key.choices)
-    bits = []
-    for op, bound in ((">=", key.min), (">", key.above), ("<=", key.max), ("<", key.below)):
-        if bound is not None:
-            bits.append(f"{op} {number(bound)}")
-    special = {
-        "boolean": "`true` \\| `false`",
-        'boolean or "auto"': "`true` \\| `false` \\| `auto`",
-        "array of 2 floats": "each in [0, 1)",
-        "array of strings": "class names of the model's modules",
-        "float or integer": "a float in [0, 1), or an integer >= 0"
-                            + (f", <= {number(key.max)}" if key.max is not None else ""),
-        "source or array of sources": "`all`, `init`, `order`, `augment`, `model`, or an array "
-                                      "of sources",
-        'integer or "seed"': "an integer >= 0, or `seed`",
-        'integer or "auto"': "`auto`, or an integer " + ", ".join(bits),
-        'float or "auto"': "`auto`, or a number " + ", ".join(bits),
-    }
-    if key.type in special:
-        return special[key.type]
-    if key.name == "early_stop_metric":
-        return "a metric of the task, or empty"
-    return ", ".join(bits)
-
-
-def trainer_table() -> str:
-    rows = ["| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
-    for key in TRAINER_KEYS.values():
-        doc = key.doc + ("" if key.affects_results else " (not part of the run id)")
-        kind = key.type.replace('"', "`")
-        rows.append(f"| `{key.name}` | {kind} | `{toml(key.default)}` "
-                    f"| {allowed(key)} | {doc} |")
-    return "\n".join(rows)
-
-
-def test_readme_trainer_table_matches_trainer_keys():
-    text = README.read_text()
-    block = text.split(START, 1)[1].split(END, 1)[0].strip()
-    expected = trainer_table()
-    assert block == expected, f"regenerate the README table between the markers:\n{expected}"
-
-
-def example_code() -> str:
-    text = README.read_text()
-    m = re.search(r"```python\n# mypkg/tasks.py\n(.*?)```", text, re.S)
-    assert m, "the README's task example (a python block starting '# mypkg/tasks.py') is missing"
+def example_code(page: str) -> str:
+    m = TASK.search(page_text(page))
+    assert m, f"{page}'s task example (a python block starting '# mypkg/tasks.py') is missing"
     return m.group(1)
 
 
-def test_readme_task_example_runs_and_validates(tmp_path, monkeypatch):
+def task_pages() -> list[str]:
+    return [page for page in pages() if TASK.search(page_text(page))]
+
+
+def test_the_readme_and_the_own_task_page_show_a_task():
+    assert {"README.md", "docs/own-task.md"} <= set(task_pages())
+
+
+@pytest.mark.parametrize("page", task_pages())
+def test_page_task_example_runs_and_validates(tmp_path, monkeypatch, page):
     import torch
 
     from gridrun import Task
@@ -82,7 +39,7 @@ def test_readme_task_example_runs_and_validates(tmp_path, monkeypatch):
     pkg = tmp_path / "mypkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "tasks.py").write_text(example_code())
+    (pkg / "tasks.py").write_text(example_code(page))
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("mypkg", None)
     sys.modules.pop("mypkg.tasks", None)

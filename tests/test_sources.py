@@ -321,11 +321,11 @@ def test_plan_check_notes_switches_that_change_nothing(tmp_path):
            "shuffle = false" in notes[2]
 
 
-def test_the_readme_protocol_is_the_example_file(tmp_path):
+def test_the_docs_protocol_is_the_example_file(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    readme = (root / "README.md").read_text()
+    readme = (root / "docs" / "determinism.md").read_text()
     assert "\ngridrun run examples/sources.toml && gridrun compare sources --by-source" in readme
     runs = load_runs(root / "examples" / "sources.toml")
     assert len(runs) == 25 and {r.task for r in runs} == {"shapes"}
