@@ -10,7 +10,7 @@ from test_engine_kit import make_run
 from typer.testing import CliRunner
 
 from gridrun.analysis import ablation, frames
-from gridrun.analysis.devices import devices_of, members, reduce_of, slot_gpus
+from gridrun.analysis.devices import devices_of, members, reduce_of, slot_gpu_names, slot_gpus
 from gridrun.analysis.rowtable import RowTable
 from gridrun.analysis.runlist import run_lines
 from gridrun.cli import app
@@ -58,6 +58,16 @@ def test_devices_and_slots_are_read_one_way():
     assert slot_gpus(GANG) == (0, 1) and slot_gpus("gpu0.0+gpu1.1") == (0, 1)
     assert slot_gpus("gpu3") == (3,) and slot_gpus("gpu1.2") == (1,)
     assert slot_gpus("cpu0+cpu1") == () and slot_gpus("fg") == () and slot_gpus(None) == ()
+
+
+def test_a_ray_slot_names_its_nodes_gpus():
+    # every node has a gpu0: a GPU is its node and index, never its index alone
+    assert slot_gpu_names("node2:gpu1") == ("node2:gpu1",) == slot_gpu_names("node2:gpu1.0")
+    assert slot_gpu_names("node1:gpu0+node2:gpu0") == ("node1:gpu0", "node2:gpu0")
+    assert slot_gpu_names("node2:gpu0.0+node2:gpu0.1") == ("node2:gpu0",)
+    assert slot_gpu_names(GANG) == ("gpu0", "gpu1") and slot_gpu_names("gpu1.2") == ("gpu1",)
+    assert slot_gpu_names("node2:cpu0") == () == slot_gpu_names("cpu0") == slot_gpu_names(None)
+    assert slot_gpus("node2:gpu1") == ()  # an index alone would name every node's GPU 1
 
 
 # ---- gridrun ls -----------------------------------------------------------------------

@@ -6,7 +6,9 @@ queued before they existed lacks them and trained on one device, summed the one
 way there was. The engine names the slot a run holds (engine/backends/base.py:
 `Slot.name`, `gang`): "cpu0", "gpu1", "gpu1.0" (a share of GPU 1), and for a run on
 several devices its members joined by "+": "cpu0+cpu1", "gpu0+gpu1",
-"gpu0.0+gpu1.1". The views read that name back here, never importing the engine.
+"gpu0.0+gpu1.1"; on a Ray cluster each member leads with its node: "node2:gpu1",
+"node2:gpu1.0", "node2:gpu0+node2:gpu1". The views read that name back here, never
+importing the engine.
 Pure functions: no torch, no store.
 """
 
@@ -23,6 +25,7 @@ DEVICES_DEFAULT = TRAINER_KEYS["devices"].default  # 1: every run before `device
 DEFAULTS: dict[str, Any] = {"devices": DEVICES_DEFAULT, "reduce": REDUCE_DEFAULT}
 GANG = "+"  # joins the members of a run's slot
 _GPU = re.compile(r"gpu(\d+)(?:\.\d+)?")  # "gpu1" or "gpu1.0": GPU 1
+_NODE_GPU = re.compile(r"(?:([^:+]+):)?gpu(\d+)(?:\.\d+)?")  # and "node2:gpu1": node2's GPU 1
 
 
 def devices_of(trainer: Any) -> int:
@@ -62,4 +65,17 @@ def slot_gpus(slot: str | None) -> tuple[int, ...]:
     for member in members(slot):
         if (m := _GPU.fullmatch(member)) is not None:
             out[int(m.group(1))] = None
+    return tuple(out)
+
+
+def slot_gpu_names(slot: str | None) -> tuple[str, ...]:
+    """The GPUs a slot's name holds, named as people read them, in its order, each once:
+    ("gpu0", "gpu1") for "gpu0.0+gpu1.1"; ("node2:gpu0", "node2:gpu1") for a Ray gang
+    ("node2:gpu0+node2:gpu1"), where every node has a GPU 0 and an index alone names
+    none; () for a CPU slot, a foreground run or a name that is not one."""
+    out: dict[str, None] = {}
+    for member in members(slot):
+        if (m := _NODE_GPU.fullmatch(member)) is not None:
+            node, index = m.group(1), int(m.group(2))
+            out[f"{node}:gpu{index}" if node else f"gpu{index}"] = None
     return tuple(out)
