@@ -105,3 +105,44 @@ def test_ls_json_carries_a_runs_placement(root):
     result = CliRunner().invoke(app, ["ls", "--json", "--root", str(root)])
     assert result.exit_code == 0, result.output
     assert [r["placement"] for r in json.loads(result.stdout)] == [placement]
+
+
+# ---- a Ray cluster (issue 47): every node has a gpu0, named by its node --------------------
+
+NODE_BOOK = {"mode": "auto", "ledger": None,
+             "gpus": [{"gpu": "GPU-a0", "name": "node1:gpu0", "total": 80 * GIB, "ours": 24 * GIB,
+                       "runs": 1, "others": 0, "foreign": 0, "free": 56 * GIB},
+                      {"gpu": "GPU-b0", "name": "node2:gpu0", "total": None, "free": None}],
+             "waits": {"run_id": "3f2a9c01bd", "need": 60 * GIB, "free": 56 * GIB,
+                       "others": 8 * GIB, "holders": [
+                           {"gpu": "GPU-a0", "bytes": 8 * GIB, "user": "bob", "pid": 77}]}}
+NODE_TAKEN = {"policy": "avoid", "waits": None, "gpus": [
+    {"gpu": 0, "uuid": "GPU-b0", "node": "node2",
+     "processes": [{"pid": 4242, "user": "alice", "mem_bytes": 20 * GIB}]}]}
+
+
+def test_status_names_each_nodes_gpu(root):
+    with Store(root) as store:
+        store.set_state(packing.STATE, NODE_BOOK)
+        store.set_state(foreign.STATE, NODE_TAKEN)
+    lines = status(root).splitlines()
+    book = packing.book_lines(NODE_BOOK)
+    assert lines[-len(book) - 1:] == [*foreign.gpu_lines(NODE_TAKEN), *book]
+    assert lines[-len(book) - 1] == (
+        "node2:gpu0: taken by alice (pid 4242, 20.0 GiB): no new run starts there ([engine] "
+        'foreign = "share" to use it anyway)')
+    assert book[0].startswith("node1:gpu0: 80.0 GiB: 24.0 GiB committed by 1 run here, ")
+    assert book[1].startswith("node2:gpu0: its memory size is unknown")
+    assert book[2].startswith("queue: no GPU has 60.0 GiB free for 3f2a9c01bd (the most free: "
+                              "56.0 GiB; other gridrun engines commit 8.0 GiB: ")
+    assert book[2].endswith(" commits 8.0 GiB on node1:gpu0): it and the runs after it wait")
+    assert "GPU-" not in "\n".join(lines)  # a UUID is the engine's key, not a name for people
+
+
+def test_a_book_without_names_reads_as_before():
+    assert packing.gpu_name({"gpu": 1}) == "gpu1"  # one machine: the index
+    assert packing.gpu_name({"gpu": "node2:gpu1"}) == "node2:gpu1"  # a node's GPU without a UUID
+    assert packing.gpu_name({"gpu": 1, "name": 3}) == "gpu1"  # a name that is not one
+    holders = {**BOOK["waits"], "holders": [{"gpu": 0, "bytes": 8 * GIB, "pid": 7}]}
+    assert packing.book_lines({**BOOK, "waits": holders})[-1].endswith(
+        " commits 8.0 GiB on gpu0): it and the runs after it wait")

@@ -229,10 +229,12 @@ def book_lines(state: Any) -> list[str]:
     [] for anything else."""
     if not isinstance(state, dict) or not isinstance(state.get("gpus"), list):
         return []
-    out = []
+    out, names = [], {}
     for g in state["gpus"]:
         if isinstance(g, dict):
             out.append(gpu_line(g))
+            if isinstance(g.get("gpu"), int | str):  # a key written by hand may be a list
+                names.setdefault(g["gpu"], gpu_name(g))
     for line in [state.get("ledger"), *(state.get("notes") or [])]:
         if isinstance(line, str):
             out.append(line)
@@ -242,7 +244,7 @@ def book_lines(state: Any) -> list[str]:
     elif isinstance(wait, dict):
         need = wait.get("need")
         held = f"; other gridrun engines commit {gib(wait['others'])}" if wait.get("others") else ""
-        named = [f"{who(h)} commits {gib(h.get('bytes'))} on gpu{h.get('gpu')}"
+        named = [f"{who(h)} commits {gib(h.get('bytes'))} on {holder_gpu(h, names)}"
                  for h in wait.get("holders") or [] if isinstance(h, dict)]
         held += f": {', '.join(named)}" if named and held else ""
         if isinstance(need, int):
@@ -255,14 +257,30 @@ def book_lines(state: Any) -> list[str]:
     return out
 
 
+def gpu_name(g: Mapping[str, Any]) -> str:
+    """A GPU of the book for people: its name where the book gives one ("node2:gpu0" on a
+    Ray node, whose key is its UUID), a key that is a name already (a Ray node's GPU
+    without a UUID), else "gpu" and its key ("gpu1")."""
+    name, key = g.get("name"), g.get("gpu")
+    if isinstance(name, str) and name:
+        return name
+    return key if isinstance(key, str) and ":gpu" in key else f"gpu{key}"
+
+
+def holder_gpu(h: Mapping[str, Any], names: Mapping[Any, str]) -> str:
+    """The GPU another engine's entry holds memory on, named as the book's line for it."""
+    key = h.get("gpu")
+    return (names.get(key) if isinstance(key, int | str) else None) or gpu_name(h)
+
+
 def gpu_line(g: dict[str, Any]) -> str:
     """One GPU of the book: what is committed and used there, and what is free."""
     if not isinstance(g.get("total"), int):
-        return (f"gpu{g.get('gpu')}: its memory size is unknown (NVML does not report it): runs "
+        return (f"{gpu_name(g)}: its memory size is unknown (NVML does not report it): runs "
                 'are placed there by slots alone, one at a time under runs_per_gpu = "auto"')
     runs = g.get("runs") or 0
     nvml = f" (NVML reports {gib(g['used'])} used)" if isinstance(g.get("used"), int) else ""
-    return (f"gpu{g.get('gpu')}: {gib(g.get('total'))}: {gib(g.get('ours'))} committed by "
+    return (f"{gpu_name(g)}: {gib(g.get('total'))}: {gib(g.get('ours'))} committed by "
             f"{runs} run{'s' * (runs != 1)} here, {gib(g.get('others'))} by other gridrun "
             f"engines, {gib(g.get('foreign'))} used by others' processes; "
             f"{gib(max(0, g.get('free') or 0))} free{nvml}")
