@@ -223,6 +223,38 @@ def test_two_queues_with_known_budgets_never_commit_more_than_a_gpu_on_any_node(
             assert {r.status for r in store.list_runs()} == {states.COMPLETED}
 
 
+def test_a_node_whose_agent_hangs_gets_no_new_run_and_stalls_nothing(lab, tmp_path):
+    """node2's agent stopped (SIGSTOP: a hung server): the queue goes on on node1, node2's
+    slots are offered to no run; when it answers again its slots come back."""
+    root = tmp_path / "runs"
+    runs = [brief(s) for s in range(3)]
+    with Store(root) as store:
+        engine = ray_engine(root)
+        launches = Launches(engine)
+        engine.start()
+        backend = engine.backend
+        node2 = next(n for n in backend.nodes.alive.values() if n.name == "node2")
+        pid = ray.get(node2.agent.pid.remote())
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: (engine.step(0.05), node2.id in backend.nodes.silent)[1], timeout=120)
+            backend.refresh_slots(force=True)
+            assert {s.name for s in engine.slots} == {"node1:gpu0", "node1:gpu1"}
+            store.enqueue(runs)
+            drain(engine, timeout=600)
+            assert {r.status for r in store.list_runs()} == {states.COMPLETED}
+            assert {slot.partition(":")[0] for _, slot, _ in launches.seen} == {"node1"}
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+        def back():
+            engine.step(0.05)
+            backend.refresh_slots(force=True)
+            return any(s.node == node2.id for s in engine.slots)
+        wait_for(back, timeout=120)
+        backend.close()
+
+
 def test_a_node_removed_mid_queue_every_run_completes_once_with_undisturbed_weights(lab, tmp_path):
     """node2 goes away while runs are there (its runs' processes killed with it, as a
     server's power cut would): they resume on node1 from their checkpoints and every

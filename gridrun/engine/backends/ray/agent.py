@@ -53,6 +53,9 @@ class NodeAgent:
                 "gpus": [{"index": g.index, "uuid": g.uuid, "total": g.mem_total_bytes}
                          for g in sample.gpus]}
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def sample(self, runs: list[int]) -> dict[str, Any]:
         """This node's sample and classified processes; `runs`: this engine's run pids here."""
         from gridrun.engine.entries import REFRESH, engine_runs

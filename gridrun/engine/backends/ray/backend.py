@@ -16,6 +16,14 @@ Decisions (issues 7 and 47):
   CUDA_VISIBLE_DEVICES and memory budget (`Slot.env`). The engine submits a run
   only onto a free slot, so nothing waits inside Ray's queue: the order,
   priorities, pause and retries stay in gridrun and stay reorderable.
+- A run on `devices` = n takes n slots of one node (placement.pick), is launched once
+  on its gang slot (CUDA_VISIBLE_DEVICES "0,1") and starts its ranks itself, as on one
+  server. Ray reserves what the ranks take in one placement group on that node (gangs.py):
+  n bundles of a CPU (no Ray GPU), STRICT_PACK, each bundle selecting the node's
+  `ray.io/node-id` label, which places the group on that node or nowhere
+  (`_soft_target_node_id` is only a hint; a task cannot take node affinity and a group
+  at once). The run's task goes into the group; the group is removed when the task ends
+  (done, cancelled, node lost) and at `close`.
 - On its node the task starts the same entry as the local backend,
   `python -m gridrun.engine.backends.child RUN_DIR` (it takes the run's lock,
   points stdout/stderr at RUN_DIR/output.log, runs the worker and leaves an
@@ -57,7 +65,6 @@ from gridrun.engine.backends.base import (
     Backend,
     Exited,
     Handle,
-    Refused,
     Slot,
 )
 from gridrun.engine.backends.ray.tasks import probe_task, run_task, signal_task
@@ -68,6 +75,7 @@ try:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from gridrun.engine.backends.ray.gangs import Gangs
     from gridrun.engine.backends.ray.nodes import ClusterLedger, ClusterTelemetry, Node, Nodes
 except ImportError as e:  # not installed, or installed and broken: said by _require_ray
     ray, RAY_IMPORT_ERROR = None, e
@@ -145,6 +153,7 @@ class RayBackend(Backend):
         self.ledger: ClusterLedger | None = None  # engine/sharing's, every node's own
         self._owns_ray = False
         self._remote: dict[str, Any] = {}
+        self.gangs = Gangs()  # the placement groups of runs on several devices
 
     # ---- setup ------------------------------------------------------------------
 
@@ -226,7 +235,7 @@ class RayBackend(Backend):
         self._next_refresh = now + REFRESH_EVERY
         self.nodes.refresh()
         # kept in place: the engine reads this very list when it looks for free slots
-        self._slots[:] = [s for node in sorted(self.nodes.alive.values(), key=lambda n: n.name)
+        self._slots[:] = [s for node in sorted(self.nodes.answering().values(), key=lambda n: n.name)
                           for s in node_slots(node, self.runs_per_gpu)]
 
     def run_pids(self) -> dict[str, list[int]]:
@@ -241,11 +250,11 @@ class RayBackend(Backend):
 
     def launch(self, run_id: str, run_dir: Path, slot: Slot, *, fresh: bool = False) -> Handle:
         devices = read_run_config(Path(run_dir) / layout.CONFIG).trainer.get("devices", 1)
-        if devices > 1:  # `plan` refuses it with a Ray [engine]; queued with another one, here
-            raise Refused(f"devices = {devices}: the Ray backend runs one process per run; use "
-                          "backend = \"local\" or \"slurm\" for multi-device runs")
-        # pinned to the node gridrun chose; its GPUs are in its environment, not Ray's count
-        gen = self._submit("run", str(Path(run_dir).resolve()), fresh, slot.env, node=slot.node)
+        # pinned to the node gridrun chose; its GPUs are in its environment, not Ray's count;
+        # on several devices, into a placement group on that node (gangs.py)
+        path = str(Path(run_dir).resolve())
+        gen = self.gangs.submit(run_id, slot, devices,
+                                lambda **where: self._submit("run", path, fresh, slot.env, **where))
         task = _Task(gen, launched_at=time.monotonic())
         task.handle = Handle(run_id, Path(run_dir), 0, 0.0, slot, extra=task)
         self.tasks[run_id] = task
@@ -294,6 +303,7 @@ class RayBackend(Backend):
                     task.force_at = None
                 continue
             del self.tasks[run_id]
+            self.gangs.release(run_id)  # its reservation ends with it
             exited.append(Exited(task.handle, code))
         return exited
 
@@ -348,6 +358,7 @@ class RayBackend(Backend):
         return None
 
     def close(self) -> None:
+        self.gangs.close()
         self.tasks.clear()
         if self.nodes is not None:
             with contextlib.suppress(Exception):

@@ -11,8 +11,10 @@
   engine/sharing.Sharing: lock, read, write and check each node's entry, each node's
   GPUs (by UUID) in its own ledger.
 
-A node's agent that does not answer within ASK_WAIT counts as gone for that call: its
-GPUs are out of the sample and its slots out of the free ones until it answers again.
+A node whose agent does not answer in time (a hung server, a full network) never
+stalls the queue: it is `silent` from then on, its slots are offered to no new run,
+the ledger calls skip it, and its samples are asked for without waiting, until one
+comes back. Its runs go on (or end) as Ray says.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from gridrun.engine.telemetry import GpuProcess, GpuSample, Sample, SystemSample
 
 log = logging.getLogger("gridrun.engine")
 
-ASK_WAIT = 10.0  # seconds an agent has to answer
+ASK_WAIT = 10.0  # seconds a new agent has to describe its node
+CALL_WAIT = 3.0  # seconds an agent has to answer a ledger call or a sample
 FRESH = 0.5  # seconds a cluster sample serves every question asked of it
 ENDED_PIDS_KEPT = 30.0  # seconds an ended run's pid is still ours (its process may linger)
 
@@ -56,6 +59,7 @@ class Node:
 class Nodes:
     def __init__(self) -> None:
         self.alive: dict[str, Node] = {}
+        self.silent: set[str] = set()  # nodes whose agent did not answer the last call
         self._agent = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1)(NodeAgent)
 
     def refresh(self) -> None:
@@ -63,6 +67,7 @@ class Nodes:
         listed = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
         for gone in set(self.alive) - set(listed):
             log.warning("Ray node %s left the cluster", self.alive.pop(gone).name)
+            self.silent.discard(gone)
         new = {}
         for node_id in set(listed) - set(self.alive):
             strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
@@ -91,12 +96,33 @@ class Nodes:
             if seen[node.name] > 1:
                 node.name = f"{node.name}-{node.id[:6]}"
 
+    def answering(self) -> dict[str, Node]:
+        return {i: n for i, n in self.alive.items() if i not in self.silent}
+
+    def heard(self, asked: Mapping[str, Any], answered: Mapping[str, Any]) -> None:
+        """Who answered a call and who did not (said once, when a node falls silent)."""
+        for node_id in asked:
+            if node_id in answered:
+                if node_id in self.silent and node_id in self.alive:
+                    log.warning("Ray node %s answers again", self.alive[node_id].name)
+                self.silent.discard(node_id)
+            elif node_id not in self.silent and node_id in self.alive:
+                log.warning("Ray node %s does not answer: no new run goes there until it does",
+                            self.alive[node_id].name)
+                self.silent.add(node_id)
+
     def close(self) -> None:
-        ask({i: n.agent.close.remote() for i, n in self.alive.items()})
+        ask({i: n.agent.close.remote() for i, n in self.answering().items()}, CALL_WAIT)
         for node in self.alive.values():
             with contextlib.suppress(Exception):
                 ray.kill(node.agent)
         self.alive.clear()
+
+
+def done(refs: Mapping[str, Any]) -> set[str]:
+    """The keys whose call has ended (answered or failed)."""
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=0) if refs else ([], [])
+    return {k for k, ref in refs.items() if ref in set(ready)}
 
 
 def ask(refs: Mapping[str, Any], wait: float = ASK_WAIT) -> dict[str, Any]:
@@ -123,6 +149,7 @@ class ClusterTelemetry:
         self.nodes, self.runs = nodes, runs
         self._at = -1e9
         self._samples: dict[str, dict[str, Any]] = {}
+        self._pending: dict[str, Any] = {}  # node -> the sample asked for and not yet had
         self._ended: dict[str, dict[int, float]] = {}  # node -> pid -> when it was last ours
 
     def _fresh(self) -> dict[str, dict[str, Any]]:
@@ -135,8 +162,21 @@ class ClusterTelemetry:
         for pids in self._ended.values():
             for pid in [p for p, t in pids.items() if now - t > ENDED_PIDS_KEPT]:
                 del pids[pid]
-        self._samples = ask({i: n.agent.sample.remote(sorted(self._ended.get(i, {})))
-                             for i, n in self.nodes.alive.items()})
+        for i in set(self._pending) - set(self.nodes.alive):
+            del self._pending[i]
+        for i, node in self.nodes.alive.items():
+            if i not in self._pending:  # a silent node's question stays asked, never doubled
+                self._pending[i] = node.agent.sample.remote(sorted(self._ended.get(i, {})))
+        # wait for the nodes that answer; a silent one's answer is taken whenever it comes
+        waiting = [ref for i, ref in self._pending.items() if i not in self.nodes.silent]
+        if waiting:
+            ray.wait(waiting, num_returns=len(waiting), timeout=CALL_WAIT)
+        answered = ask(self._pending, 0.0)
+        self.nodes.heard(self._pending, answered)
+        for i in set(self._pending) & (set(answered) | done(self._pending)):
+            del self._pending[i]
+        # a silent node's GPUs are out of the sample: what they hold now is not known
+        self._samples = {i: answered[i] for i in answered if i in self.nodes.alive}
         self._at = now
         return self._samples
 
@@ -184,7 +224,10 @@ class ClusterLedger:
         self._states: dict[str, dict[str, Any]] = {}
 
     def _each(self, method: str, *args: Any) -> dict[str, Any]:
-        return ask({i: getattr(n.agent, method).remote(*args) for i, n in self.nodes.alive.items()})
+        asked = {i: getattr(n.agent, method).remote(*args) for i, n in self.nodes.answering().items()}
+        answered = ask(asked, CALL_WAIT)
+        self.nodes.heard(asked, answered)
+        return answered
 
     def _say(self, key: str) -> str | None:
         said = [f"{self.nodes.alive[i].name}: {s[key]}" for i, s in self._states.items()
@@ -240,17 +283,19 @@ class ClusterLedger:
         this engine's runs there (`pids`, every node's together, are not the node's)."""
         runs = self.runs()
         refs = {}
-        for node_id, node in self.nodes.alive.items():
+        for node_id, node in self.nodes.answering().items():
             keys = {node.key(g) for g in node.gpus}
             mine = {k: n for k, n in gpus.items() if k in keys}
             refs[node_id] = node.agent.write.remote(mine, 0, runs.get(node_id, []))
-        written = ask(refs)
+        written = ask(refs, CALL_WAIT)
+        self.nodes.heard(refs, written)
         self._refresh_states()
         return len(written) == len(refs) and all(written.values())
 
     def intact(self) -> bool:
+        asked = self.nodes.answering()
         answers = self._each("intact")
-        return len(answers) == len(self.nodes.alive) and all(answers.values())
+        return len(answers) == len(asked) and all(answers.values())
 
     def close(self) -> None:
         self._each("close")
