@@ -34,7 +34,8 @@ def _bytes(v: Any) -> float | None:
 class Book:
     """The memory book as the machine panel shows it."""
 
-    gpus: Mapping[Any, GpuMemory] = field(default_factory=dict)  # GPU index or UUID -> memory
+    # GPU -> memory, by the book's key (an index here, a UUID on Ray) and its name ("node2:gpu0")
+    gpus: Mapping[Any, GpuMemory] = field(default_factory=dict)
     wait: MemoryWait | None = None
     ledger: str = ""  # why this engine does not coordinate with other engines
 
@@ -44,13 +45,15 @@ def book(state: Any) -> Book:
 
     Runs packed by memory (`runs_per_gpu = "auto"`) show every GPU's memory; under an
     integer runs_per_gpu the slots say where runs go, so a GPU's memory shows only where
-    other engines commit some (what keeps a free slot empty)."""
+    other engines commit some (what keeps a free slot empty). A GPU is found by its key
+    and, where the book gives one, its name ("node2:gpu0": tui/gpus.py looks it up)."""
     if not isinstance(state, dict):
         return Book()
     auto = state.get("mode") == "auto"
     gpus = {}
     for g in state.get("gpus") if isinstance(state.get("gpus"), list) else ():
-        if not isinstance(g, dict) or not isinstance(g.get("gpu"), int | str):
+        if not isinstance(g, dict) or not isinstance(g.get("gpu"), int | str) or \
+                isinstance(g.get("gpu"), bool):  # True would read as GPU 1
             continue
         free = _number(g.get("free"))  # below 0 when more is committed than there is
         memory = GpuMemory(ours=_bytes(g.get("ours")), runs=int(_bytes(g.get("runs")) or 0),
@@ -58,6 +61,8 @@ def book(state: Any) -> Book:
                            free=None if free is None else max(0, free))
         if auto or memory.engines:
             gpus[g["gpu"]] = memory
+            if isinstance(g.get("name"), str) and g["name"]:
+                gpus[g["name"]] = memory
     ledger = state.get("ledger")
     return Book(gpus, _wait(state.get("waits")), ledger if isinstance(ledger, str) else "")
 

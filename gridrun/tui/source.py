@@ -81,6 +81,12 @@ class GpuRow:
     others: tuple[str, ...] = ()  # other users' processes taking it: "alice 20.0 GiB"
     shared: bool = False  # [engine] foreign = "share": new runs start there anyway
     memory: GpuMemory | None = None  # runs packed by memory: who holds what (None: not said)
+    node: str | None = None  # the Ray node it is on (None on one machine): every node has a gpu0
+
+    @property
+    def label(self) -> str:
+        """How the panel names it: "gpu0", or "node2:gpu0" on a Ray node (tui/gpus.py)."""
+        return f"{self.node}:gpu{self.index}" if self.node else f"gpu{self.index}"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gridrun.analysis.devices import devices_of, slot_gpus, trainer_of
+from gridrun.analysis.devices import devices_of, slot_gpu_names, trainer_of
 from gridrun.analysis.runlist import resumed_note
 from gridrun.checks import verdict
 from gridrun.checks.doctor import lost_queue_warning
@@ -29,10 +29,10 @@ from gridrun.runs.progress import INPUT_BOUND, INPUT_BOUND_SHARE, Progress, fold
 from gridrun.runs.records import Summary
 from gridrun.runs.store import Run, Store
 from gridrun.spec.search import bracket_of, rungs
+from gridrun.tui import gpus
 from gridrun.tui.memory import MEMORY, Book, book, run_memory
 from gridrun.tui.source import (
     EngineState,
-    GpuRow,
     Machine,
     Plan,
     RunDetail,
@@ -118,10 +118,11 @@ class StoreSource(StoreTables):
         self.rows: dict[str, RunRow] = {}
         self.live: dict[str, Live] = {}
         self._telemetry_t = 0.0
-        self._on_gpus: dict[int, tuple[str, ...]] = {}  # the running runs' GPUs (their slots)
-        self._taken: dict[Any, tuple[bool, tuple[str, ...]]] = {}  # GPUs others take (FOREIGN)
+        # the GPUs by name ("gpu0", "node2:gpu0"; tui/gpus.py): never by index alone
+        self._on_gpus: dict[str, tuple[str, ...]] = {}  # the running runs' GPUs (their slots)
+        self._taken: gpus.Taken = {}  # the GPUs others take (FOREIGN)
         self._book = Book()  # the GPUs' memory (MEMORY)
-        self._history: dict[str, deque[float]] = {}
+        self._history: dict[str, deque[float]] = {}  # by GPU (UUID, else name), and "cpu"
         self._engine: EngineState | None = None
         self._first = True  # the first poll warns of an empty store beside run folders
         self._skipped: dict[str, int] = {}  # run id -> metrics lines that were not records
@@ -178,18 +179,19 @@ class StoreSource(StoreTables):
         self._engine = state
         return state
 
-    def _holders(self) -> dict[int, tuple[str, ...]]:
-        """The running runs on each GPU, from the slots they hold: a run on several
-        ("gpu0+gpu1") is on each of them."""
-        on: dict[int, list[str]] = {}
+    def _holders(self) -> dict[str, tuple[str, ...]]:
+        """The running runs on each GPU (by name), from the slots they hold: a run on
+        several ("gpu0+gpu1", "node2:gpu0+node2:gpu1") is on each of them."""
+        on: dict[str, list[str]] = {}
         for run_id in self.live:  # the running runs
-            for gpu in slot_gpus(self.rows[run_id].slot):
+            for gpu in slot_gpu_names(self.rows[run_id].slot):
                 on.setdefault(gpu, []).append(run_id)
         return {gpu: tuple(ids) for gpu, ids in on.items()}
 
     def _machine(self) -> Machine | None:
         """A new telemetry sample, or the runs on its GPUs changed: the machine again."""
-        sample, holders, taken = self.store.latest_telemetry(), self._holders(), self._others()
+        sample, holders = self.store.latest_telemetry(), self._holders()
+        taken = gpus.taken(self._said(FOREIGN))  # the GPUs other users' processes take
         memory = book(self._said(MEMORY))
         if sample is None or (sample.t, holders, taken, memory) == (
                 self._telemetry_t, self._on_gpus, self._taken, self._book):
@@ -197,32 +199,12 @@ class StoreSource(StoreTables):
         new, self._telemetry_t, self._on_gpus = sample.t != self._telemetry_t, sample.t, holders
         self._taken, self._book = taken, memory
         d = sample.data
-        # a GPU's runs: those whose process the engine saw on it, then those whose slot holds it
-        on_gpu: dict[Any, dict[str, None]] = {}
-        for p in d.get("processes") or []:
-            if p.get("run_id") is not None:
-                on_gpu.setdefault(p.get("gpu"), {})[p["run_id"]] = None
-        for gpu, ids in holders.items():
-            on_gpu.setdefault(gpu, {}).update(dict.fromkeys(ids))
-        gpus = []
-        for g in d.get("gpus") or []:
-            hist = self._history.setdefault(f"gpu{g.get('index')}", deque(maxlen=60))
-            if new:
-                hist.append(g.get("util_percent") or 0.0)
-            gpus.append(GpuRow(index=g.get("index", 0), name=g.get("name") or "GPU",
-                               util=g.get("util_percent"), mem_used=g.get("mem_used_bytes"),
-                               mem_total=g.get("mem_total_bytes"), power=g.get("power_w"),
-                               temp=g.get("temperature_c"),
-                               runs=tuple(on_gpu.get(g.get("index"), ())), history=tuple(hist),
-                               others=taken.get(g.get("index"), (False, ()))[1],
-                               shared=taken.get(g.get("index"), (False, ()))[0],
-                               memory=memory.gpus.get(g.get("index"))
-                               or memory.gpus.get(g.get("uuid"))))
+        rows = gpus.rows(d, holders, taken, memory, self._history, new)
         system = d.get("system") or {}
         cpu = self._history.setdefault("cpu", deque(maxlen=60))
         if new:
             cpu.append(system.get("cpu_percent") or 0.0)
-        return Machine(gpus=tuple(gpus), cpu_percent=system.get("cpu_percent"),
+        return Machine(gpus=rows, cpu_percent=system.get("cpu_percent"),
                        ram_used=system.get("ram_used_bytes"),
                        ram_total=system.get("ram_total_bytes"), cpu_history=tuple(cpu),
                        memory_wait=memory.wait, ledger=memory.ledger)
@@ -235,21 +217,6 @@ class StoreSource(StoreTables):
             return self.store.get_state(key)
         except Exception:  # a busy or damaged store: the panel goes on without it
             return None
-
-    def _others(self) -> dict[Any, tuple[bool, tuple[str, ...]]]:
-        """GPU index -> (shared, "alice 20.0 GiB" per process) for the GPUs other users'
-        processes take, as the running engine last said (its FOREIGN state)."""
-        state = self._said(FOREIGN)
-        if not isinstance(state, dict) or not isinstance(state.get("gpus"), list):
-            return {}
-        out = {}
-        for g in state["gpus"]:
-            if isinstance(g, dict) and isinstance(g.get("processes"), list):
-                out[g.get("gpu")] = (state.get("policy") == "share", tuple(
-                    f"{p.get('user') or '?'} " + (f"{m / 2**30:.1f} GiB" if isinstance(
-                        m := p.get("mem_bytes"), int | float) else "memory n/a")
-                    for p in g["processes"] if isinstance(p, dict)))
-        return out
 
     def _folder(self, run_id: str) -> Path:
         row = self.rows.get(run_id)

@@ -7,7 +7,7 @@ import shlex
 from rich.text import Text
 from textual.widgets import Static
 
-from gridrun.tui.source import EngineState, GpuMemory, Machine, MemoryWait
+from gridrun.tui.source import EngineState, GpuMemory, GpuRow, Machine, MemoryWait
 from gridrun.tui.widgets import fmt
 
 ORDER = ("running", "queued", "waiting", "completed", "stopped", "failed", "diverged", "oom", "cancelled",
@@ -105,18 +105,7 @@ class MachinePanel(Static):
         width = max(10, min(60, self.size.width - 60))
         blocks: list[list[Text]] = []  # a GPU's lines
         for g in m.gpus:
-            util = "n/a" if g.util is None else f"{g.util:3.0f}%"
-            power = "" if g.power is None else f" {g.power:.0f}W"
-            temp = "" if g.temp is None else f" {g.temp:.0f}°C"
-            runs = f"  {', '.join(g.runs)}" if g.runs else ""
-            # other users' processes: no new run starts there (unless [engine] foreign = "share");
-            # the history gives way so that the line, cut at the panel's width, still says it
-            others = f"  {'shared with' if g.shared else 'taken by'} {', '.join(g.others)}" \
-                if g.others else ""
-            spark = fmt.sparkline(g.history, max(10, width - len(others)) if others else width)
-            blocks.append([Text(f"gpu{g.index} {g.name[:18]:<18} {util} {spark} "
-                                f"{fmt.size(g.mem_used)}/{fmt.size(g.mem_total)}{power}{temp}"
-                                f"{others}{runs}")])
+            blocks.append([Text(gpu_line(g, width, self.content_size.width))])
             if g.memory is not None:
                 blocks[-1].append(Text(memory_line(g.memory)))
         if not m.gpus:
@@ -135,6 +124,31 @@ class MachinePanel(Static):
                 room -= len(block)
             blocks = kept
         self.update(Text("\n").join([line for block in blocks for line in block] + notes))
+
+
+def gpu_line(g: GpuRow, width: int, room: int = 0) -> str:
+    """A GPU's line: its name ("gpu0", or "node2:gpu0" on a Ray node), model, use, a
+    `width`-long minute of history, memory, power, temperature, who else takes it and its
+    runs. Where other users' processes take it (no new run starts there, unless [engine]
+    foreign = "share"), the history and then the model give way so that the line, cut at
+    the panel's `room` columns (0: not known yet), still says who."""
+    util = "n/a" if g.util is None else f"{g.util:3.0f}%"
+    power = "" if g.power is None else f" {g.power:.0f}W"
+    temp = "" if g.temp is None else f" {g.temp:.0f}°C"
+    runs = f"  {', '.join(g.runs)}" if g.runs else ""
+    others = f"  {'shared with' if g.shared else 'taken by'} {', '.join(g.others)}" \
+        if g.others else ""
+    spark = fmt.sparkline(g.history, max(10, width - len(others)) if others else width)
+    model, tail = f"{g.name[:18]:<18}", f"{fmt.size(g.mem_used)}/{fmt.size(g.mem_total)}{power}{temp}"
+    line = f"{g.label} {model} {util} {spark} {tail}"
+    if not others or not room or len(line) + len(others) <= room:
+        return f"{line}{others}{runs}"
+    over = len(line) + len(others) - room
+    cut = min(over, len(spark))
+    spark, over = spark[cut:], over - cut  # the latest values stay
+    model = model[:max(0, len(model) - over)].rstrip()
+    line = " ".join(p for p in (g.label, model, util, spark, tail) if p)
+    return f"{line}{others}{runs}"
 
 
 def gib(n: float | None) -> str:
