@@ -146,3 +146,14 @@ def test_a_book_without_names_reads_as_before():
     holders = {**BOOK["waits"], "holders": [{"gpu": 0, "bytes": 8 * GIB, "pid": 7}]}
     assert packing.book_lines({**BOOK, "waits": holders})[-1].endswith(
         " commits 8.0 GiB on gpu0): it and the runs after it wait")
+
+
+def test_ls_names_the_nodes_gpu_others_take(root):
+    with Store(root) as store:
+        store.set_state(foreign.STATE, NODE_TAKEN)
+    result = CliRunner().invoke(app, ["ls", "--root", str(root)])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        "node2:gpu0: taken by alice (pid 4242, 20.0 GiB): no new run starts there ([engine] "
+        'foreign = "share" to use it anyway)']
+    assert spec(0).id in result.stdout and "node2" not in result.stdout
