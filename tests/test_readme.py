@@ -1,6 +1,7 @@
 """The pages' task of your own runs: every python block that starts `# mypkg/tasks.py`
 (the README's short one, docs/own-task.md's whole one) is a package that imports, builds a
-Task that trains and evaluates, and an experiment file uses. (The table of every key is
+Task that trains and evaluates, and the page's experiment file for it passes `gridrun
+plan --check`. (The table of every key is
 docs/reference/experiment-keys.md, generated from the spec's own table.)"""
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ import sys
 
 import pytest
 from docs_kit import page_text, pages
+from typer.testing import CliRunner
 
+from gridrun.cli import app
 from gridrun.spec import load_runs
 
 TASK = re.compile(r"```python\n# mypkg/tasks.py\n(.*?)```", re.S)
+TOML = re.compile(r"```toml\n(.*?)```", re.S)
 
 
 def example_code(page: str) -> str:
@@ -61,3 +65,12 @@ def test_page_task_example_runs_and_validates(tmp_path, monkeypatch, page):
     spec.write_text('[experiments.fit]\ntask = "mypkg.tasks:regression"\ngrid = { hidden = [8, 16] }\n')
     runs = load_runs(spec)
     assert [r.task_args["hidden"] for r in runs] == [8, 16]
+
+    # the page's own file for it passes the task check, run as the page says
+    files = [t for t in TOML.findall(page_text(page)) if '"mypkg.tasks:regression"' in t]
+    assert files, f"{page} shows no experiment file using its task"
+    monkeypatch.chdir(tmp_path)
+    for i, text in enumerate(files):
+        (tmp_path / f"page{i}.toml").write_text(text)
+        result = CliRunner().invoke(app, ["plan", "--check", f"page{i}.toml"])
+        assert result.exit_code == 0 and "task check passed" in result.output, result.output
