@@ -1,20 +1,19 @@
 """Runs on several devices take that many slots at once (distinct GPUs), in queue order:
 a run waiting for its slots is not overtaken, one that can never fit fails at once with
 one line; the engine adopts such a run after a restart, SLURM gives it one job of its
-own, Ray refuses it; and a rank's death is a process's death (engine/placement.py)."""
+own, Ray n GPUs of one node; and a rank's death is a process's death (engine/placement.py)."""
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
 
-import pytest
 from test_engine_kit import drain, engine_for, make_run, slow_run, wait_for
 from typer.testing import CliRunner
 
 from gridrun.cli import app
 from gridrun.engine import daemon
-from gridrun.engine.backends.base import Backend, Exited, Handle, Refused, Slot, gang
+from gridrun.engine.backends.base import Backend, Exited, Handle, Slot, gang
 from gridrun.engine.backends.local import LocalBackend
 from gridrun.engine.backends.slots import slots_for
 from gridrun.engine.placement import Want, plan, recovered, slots_wait_note
@@ -276,16 +275,27 @@ def test_a_multi_device_run_is_one_slurm_job_of_its_own():
     assert job_size(cpu, {}) == (0, 1)  # a run queued before `devices` existed
 
 
-def test_ray_refuses_a_multi_device_run_in_one_line(tmp_path):
-    pytest.importorskip("ray")
-    from test_engine_kit import prepare
+def ray_node(name: str, gpus: int) -> list[Slot]:
+    """A Ray node's slots, as the Ray backend makes them (`node2:gpu1`, pinned to it)."""
+    return [Slot(f"{name}:gpu{i}", i, f"GPU-{name}-{i}", node=f"id-{name}") for i in range(gpus)]
 
-    from gridrun.engine.backends.ray import RayBackend
 
-    run = multi(0)
-    with pytest.raises(Refused) as refused:
-        RayBackend(tmp_path, check_shared=False).launch(run.id, prepare(tmp_path, run),
-                                                        Slot("ray0"))
-    assert str(refused.value) == ("devices = 2: the Ray backend runs one process per run; use "
-                                  "backend = \"local\" or \"slurm\" for multi-device runs")
+def test_ray_takes_a_slot_a_device_on_one_node_and_slurm_one_job():
+    from gridrun.engine.placement import devices_wanted, never
 
+    config = {"trainer": {"devices": 2}}
+    assert [devices_wanted(config, b) for b in ("local", "ray", "slurm")] == [2, 2, 1]
+    lab = ray_node("node1", 1) + ray_node("node2", 2)
+    [(_, slot)] = plan([Want("g", 2)], lab, (), (), 8).starts
+    assert (slot.name, slot.node, slot.cuda_visible_devices) == (
+        "node2:gpu0+node2:gpu1", "id-node2", "GPU-node2-0,GPU-node2-1")  # never across nodes
+    held = plan([Want("g", 2)], lab, used={"node2:gpu1"}, holding=(), cores=8)
+    assert held.starts == [] and held.short["free"] == 2  # two free GPUs, on two nodes
+    assert never(2, lab) is None
+    assert never(3, lab) == (
+        "devices = 3 needs 3 distinct GPUs on one Ray node (its ranks share a machine) and the "
+        "largest of the 2 nodes, node2, has 2: lower devices to at most 2, or add a node with "
+        "3 GPUs to the cluster")
+    refused = plan([Want("wide", 3), Want("one", 1)], lab, (), (), 8)
+    assert refused.refused == [("wide", never(3, lab))] and started(refused) == [
+        ("one", "node1:gpu0")]

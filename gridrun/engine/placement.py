@@ -18,8 +18,10 @@ carries the plan out.
   whose shape was never measured (`runs_per_gpu = "auto"`) takes a GPU nobody commits
   anything on, and all of it.
 
-Where a slot is a job or a task (SLURM, Ray) the scheduler asks for one slot a run:
-the job asks SLURM for the run's devices, and Ray refuses them (`base.Refused`).
+On Ray a run's n slots are n GPUs of one node (a node's slots name it), as on one
+machine: its ranks meet on that node (backends/ray/gangs.py reserves their CPUs there).
+Where a slot is a job (SLURM) the scheduler asks for one slot a run: the job asks SLURM
+for the run's devices.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ def never(devices: int, slots: Sequence[Slot]) -> str | None:
     """Why a run on `devices` can never start on `slots` (one line: what to do), or None."""
     if devices <= 1:
         return None
+    if any(s.node is not None for s in slots):
+        return _never_on_nodes(devices, slots)
     gpus = list(dict.fromkeys(g for s in slots if (g := gpu_of(s)) is not None))
     if gpus and devices > len(gpus):
         shared = f", {len(slots)} slots" if len(slots) > len(gpus) else ""
@@ -76,6 +80,25 @@ def never(devices: int, slots: Sequence[Slot]) -> str | None:
         return (f"devices = {devices} needs {devices} slots and this engine has {len(slots)} "
                 f"(cpu_slots = {len(slots)}): lower devices or raise cpu_slots")
     return None
+
+
+def _never_on_nodes(devices: int, slots: Sequence[Slot]) -> str | None:
+    """`never` on a Ray cluster: a run's devices are all on one node, so the largest
+    node (by distinct GPUs, else slots) decides."""
+    nodes: dict[Any, list[Slot]] = {}
+    for slot in slots:
+        nodes.setdefault(slot.node, []).append(slot)
+    units = {node: free_units(held) for node, held in nodes.items()}
+    largest = max(units, key=lambda node: units[node])
+    if devices <= units[largest]:
+        return None
+    gpus = any(gpu_of(s) is not None for s in slots)
+    unit, more = ("distinct GPUs", "GPUs") if gpus else ("slots", "CPUs")
+    name = nodes[largest][0].name.partition(":")[0]
+    return (f"devices = {devices} needs {devices} {unit} on one Ray node (its ranks share a "
+            f"machine) and the largest of the {len(nodes)} nodes, {name}, has "
+            f"{units[largest]}: lower devices to at most {units[largest]}, or add a node "
+            f"with {devices} {more} to the cluster")
 
 
 def pick(free: Sequence[Slot], devices: int, fit: Mapping[Any, int] | None = None
@@ -185,10 +208,14 @@ def plan(queue: Iterable[Want], slots: Sequence[Slot], used: Iterable[str],
     return out
 
 
-def devices_wanted(config: Any, local: bool) -> int:
-    """The slots a run takes at once: its `devices` on this machine's slots (`local`: the
-    local backend); one where a slot is a job or a task (SLURM's job asks for the devices)."""
-    if not local:
+GANGS = ("local", "ray")  # the backends whose runs take a slot a device (a gang)
+
+
+def devices_wanted(config: Any, backend: str) -> int:
+    """The slots a run takes at once: its `devices` where a slot is a GPU or a CPU (the
+    `backend`'s name is in GANGS: this machine, a Ray node); one where a slot is a job
+    (SLURM's job asks SLURM for the devices)."""
+    if backend not in GANGS:
         return 1
     try:
         return max(1, int(((config or {}).get("trainer") or {}).get("devices", 1)))

@@ -293,7 +293,7 @@ class Engine(Endings, Sampling):
 
     def slots_wanted(self, run: Run) -> int:
         """The slots `run` takes at once (placement.devices_wanted)."""
-        return placement.devices_wanted(run.config, getattr(self.backend, "name", "") == "local")
+        return placement.devices_wanted(run.config, getattr(self.backend, "name", ""))
 
     def cpu_threads(self, run: Run, slot: Slot | None) -> int:
         """The CPU threads `run` holds on `slot` (placement.threads_held; 0 without the budget)."""

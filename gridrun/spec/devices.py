@@ -6,9 +6,10 @@ said once, where the run's `devices` is written (a grid, an ablation, the experi
 The fit is the rule the engine applies at launch (engine/placement.never: a run on n
 devices takes n distinct GPUs, or n CPU slots), checked when a file is planned or
 queued, for what the file makes certain: a backend other than local has limits of its
-own, and `gpus = "auto"` written out leaves the GPUs to the machine the engine starts
-on. With no `gpus` key the engine takes this machine's GPUs, else its CPU slots: the
-caller says how many GPUs an engine started here could have (spec reads no hardware).
+own (a Ray run's devices are GPUs of one node, which only the engine sees), and
+`gpus = "auto"` written out leaves the GPUs to the machine the engine starts on. With
+no `gpus` key the engine takes this machine's GPUs, else its CPU slots: the caller says
+how many GPUs an engine started here could have (spec reads no hardware).
 """
 
 from __future__ import annotations
@@ -103,11 +104,6 @@ def check_devices(c: Checker, experiments: Iterable[tuple[ExperimentSpec, list[R
             if devices <= 1:
                 continue
             where = written_at(c.lines, exp, run, "devices") or ("experiments", exp.name)
-            if engine is not None and engine.backend == "ray":
-                c.add(f"devices = {devices}: the Ray backend runs one process per run; use "
-                      'backend = "local" or "slurm" for multi-device runs', *where,
-                      **key_where(exp.name, where))
-                break
             if divides:
                 divides = _divides(c, exp, run, devices, where)
             if engine is None or gpus_here is None:

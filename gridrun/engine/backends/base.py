@@ -72,8 +72,8 @@ def gang(slots: Sequence[Slot]) -> Slot:
 
 
 class Refused(Exception):
-    """A backend can never run this run (Ray and a run on several devices): the run fails
-    with this one line instead of a launch."""
+    """A backend can never run this run (a run on more devices than a Ray node has CPUs
+    for its ranks): the run fails with this one line instead of a launch."""
 
 
 @dataclass(frozen=True)
