@@ -117,7 +117,12 @@ def test_no_run_goes_to_the_gpu_another_user_holds_on_node2(lab, tmp_path, colle
             ls = CliRunner().invoke(app, ["ls", "--root", str(root)]).output
             drain(engine, timeout=600)
             rows = store.list_runs()
+            after = CliRunner().invoke(app, ["ls", "--root", str(root)]).output
         assert {r.status for r in rows} == {states.COMPLETED}
+        # each run says where it ran: its node and GPU (ls, the run's detail: Run.where)
+        assert {r.where for r in rows} <= {"ray on node1:gpu0", "ray on node1:gpu1",
+                                           "ray on node2:gpu1"}, {r.where for r in rows}
+        assert "ray on node1:gpu" in after
         used = {slot for _, slot, _ in launches.seen}
         assert "node2:gpu0" not in used and len(launches.seen) == 6
         assert used <= {"node1:gpu0", "node1:gpu1", "node2:gpu1"}

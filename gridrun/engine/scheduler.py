@@ -440,7 +440,7 @@ class Engine(Endings, Sampling):
             return
         self.active[run.id] = Active(run.id, handle, slot, now, folder=folder, threads=threads,
                                      commit=commit)
-        where = {"backend": "local", "budget_bytes": slot.budget, "commit_bytes": commit} \
+        where = {"backend": self.backend.name, "budget_bytes": slot.budget, "commit_bytes": commit} \
             if commit else {}  # its memory budget, for `engine status` and the interface
         self.store.transition(run.id, states.RUNNING, states.RUNNING, pid=handle.pid,
                               pid_start_time=handle.start_time, fresh=False, **(

@@ -74,10 +74,13 @@ class Run:
 
     @property
     def where(self) -> str:
-        """Where a backend placed it, for people: "slurm job 12 RUNNING on node7 (GPUs 0)";
+        """Where a backend placed it, for people: "slurm job 12 RUNNING on node7 (GPUs 0)",
+        "ray on node2:gpu1";
         "" when it ran on this machine. The one wording `ls` and the interface show; the
         job's state only while the run runs (after, it is the last one seen, not news)."""
         p = self.placement or {}
+        if p.get("backend") == "ray" and p.get("node"):  # its slot names node and GPU
+            return f"ray on {p.get('slot') or p['node']}"
         if not p.get("job_id"):
             return ""
         text = f"{p.get('backend', '')} job {p['job_id']}".strip()

@@ -53,6 +53,10 @@ class NodeAgent:
                 "gpus": [{"index": g.index, "uuid": g.uuid, "total": g.mem_total_bytes}
                          for g in sample.gpus]}
 
+    def rename(self, name: str) -> None:
+        """The name the engine tells this node by (two servers with one hostname)."""
+        self.name = name
+
     def pid(self) -> int:
         return os.getpid()
 

@@ -146,6 +146,7 @@ class RayBackend(Backend):
         self.log_path = log_path
         self.check_shared = check_shared
         self.tasks: dict[str, _Task] = {}  # run id -> task
+        self._placed: dict[str, dict[str, Any]] = {}  # run id -> where it started, not yet told
         self._slots: list[Slot] = []
         self._next_refresh = 0.0
         self.nodes: Nodes | None = None
@@ -238,6 +239,18 @@ class RayBackend(Backend):
         self._slots[:] = [s for node in sorted(self.nodes.answering().values(), key=lambda n: n.name)
                           for s in node_slots(node, self.runs_per_gpu)]
 
+    def _where(self, task: _Task) -> dict[str, Any]:
+        node = self.nodes.alive.get(task.node) if self.nodes and task.node else None
+        slot = task.handle.slot
+        return {"backend": "ray", "node": node.name if node else task.node, "gpus": task.cuda,
+                "slot": slot.name if slot else None, "budget_bytes": slot.budget if slot else None}
+
+    def placements(self) -> dict[str, dict[str, Any]]:
+        """{run id: {"backend", "node", "gpus", "slot", "budget_bytes"}} of runs that
+        started since the last call (the engine records them: `ls`, the run's detail)."""
+        out, self._placed = self._placed, {}
+        return out
+
     def run_pids(self) -> dict[str, list[int]]:
         """This engine's run processes by Ray node id (their pids are that node's)."""
         out: dict[str, list[int]] = {}
@@ -328,6 +341,7 @@ class RayBackend(Backend):
                 task.start_time, task.cuda = event["start_time"], event["cuda"]
                 if task.started_after is None:
                     task.started_after = time.monotonic() - task.launched_at
+                self._placed[task.handle.run_id] = self._where(task)
                 if task.pending_grace is not None:
                     self.cancel(task.handle, task.pending_grace)
                     task.pending_grace = None

@@ -92,9 +92,12 @@ class Nodes:
         seen: dict[str, int] = {}
         for node in sorted(self.alive.values(), key=lambda n: n.id):
             seen[node.name] = seen.get(node.name, 0) + 1
+        renamed = {}
         for node in self.alive.values():
             if seen[node.name] > 1:
                 node.name = f"{node.name}-{node.id[:6]}"
+                renamed[node.id] = node.agent.rename.remote(node.name)  # its samples say it too
+        ask(renamed, CALL_WAIT)
 
     def answering(self) -> dict[str, Node]:
         return {i: n for i, n in self.alive.items() if i not in self.silent}
