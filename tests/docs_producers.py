@@ -42,11 +42,12 @@ def folder(example: Example, name: str, files: dict[str, str]):
         yield path
 
 
-def shown(file: str) -> str:
-    """The file a page shows in its `<!-- file: FILE -->` block (one page shows it)."""
+def shown(file: str, page: str | None = None) -> str:
+    """The file a page shows in its `<!-- file: FILE -->` block (one page shows it, or
+    `page`'s)."""
     from docs_kit import blocks, pages
 
-    (text,) = [t for page in pages() for kind, name, t in blocks(page)
+    (text,) = [t for p in ([page] if page else pages()) for kind, name, t in blocks(p)
                if kind == "file" and name == file]
     return text
 
@@ -154,6 +155,33 @@ def shared_root(example: Example, capsys) -> str:
         return "$ gridrun ls --root shared-runs\n" + gridrun("ls", "--root", "shared-runs")
 
 
+def task_plan(example: Example, page: str) -> str:
+    """`gridrun plan --check exp.toml` in a folder holding the page's task package
+    (mypkg/tasks.py) and its exp.toml, as the page tells you to lay them out."""
+    from test_readme import example_code
+
+    slug = Path(page).stem.lower()
+    with folder(example, f"task-{slug}", {"exp.toml": shown("exp.toml", page)}) as path:
+        (path / "mypkg").mkdir()
+        (path / "mypkg" / "__init__.py").write_text("")
+        (path / "mypkg" / "tasks.py").write_text(example_code(page))
+        for module in ("mypkg", "mypkg.tasks"):
+            sys.modules.pop(module, None)
+        try:
+            return "$ gridrun plan --check exp.toml\n" + gridrun("plan", "--check", "exp.toml")
+        finally:
+            for module in ("mypkg", "mypkg.tasks"):
+                sys.modules.pop(module, None)
+
+
+def readme_task_plan(example: Example, capsys) -> str:
+    return task_plan(example, "README.md")
+
+
+def own_task_plan(example: Example, capsys) -> str:
+    return task_plan(example, "docs/own-task.md")
+
+
 def interface(example: Example, capsys) -> str:
     if example.interface is None:
         pytest.skip("needs tmux")
@@ -170,4 +198,5 @@ PRODUCERS = {"run-end": run_end, "task-check": task_check, "interface": interfac
              "compare-screen": compare_screen, "preprocess-check": preprocess_check,
              "switch-note": switch_note, "unknown-source": unknown_source,
              "search-leaderboard": search_leaderboard, "predict-refusal": predict_refusal,
-             "shared-root": shared_root}
+             "shared-root": shared_root, "readme-task-plan": readme_task_plan,
+             "own-task-plan": own_task_plan}
