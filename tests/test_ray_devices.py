@@ -2,7 +2,8 @@
 in one placement group on that node that reserves a CPU for each rank; its process
 starts the ranks itself, as on one server. Under `reduce = "invariant"` it ends with
 the weights of the same run on one device here; a rank killed mid-run ends the run,
-which resumes (a new group) to the same weights; no group outlives its run.
+which resumes (a new group) to the same weights; a cancelled one checkpoints; no group
+outlives its run.
 
 A real one-node Ray cluster (2 CPUs, 2 stand-in GPUs: GRIDRUN_FAKE_GPUS=1, so the ranks
 train on the CPU with gloo), real Ray tasks, the real scheduler. Skipped without Ray.
@@ -18,7 +19,7 @@ import patience
 import psutil
 import pytest
 from test_devices import summary, trained
-from test_engine_kit import TINY, drain, make_run, wait_for
+from test_engine_kit import TINY, drain, make_run, prepare, wait_exit, wait_for
 
 from gridrun.engine.backends.base import Refused, Slot, gang
 from gridrun.engine.scheduler import Engine
@@ -159,4 +160,38 @@ def test_a_rank_killed_on_ray_resumes_to_the_same_weights_and_leaves_no_group(
     assert summary(tmp_path, run)["weights_sha256"] == reference
     # a group for each launch, each removed when its launch ended
     assert [g["state"] for g in groups_of(run.id, but=earlier)] == ["REMOVED", "REMOVED"]
+    assert live_groups() == []
+
+
+def test_a_cancelled_two_device_run_checkpoints_and_its_group_goes_with_it(cluster, tmp_path):
+    from gridrun.engine.backends.ray import RayBackend
+
+    gate = tmp_path / "gate"
+    run = wide(2, gate)
+    backend = RayBackend(tmp_path, log_path=tmp_path / "engine.log")
+    backend.start()
+    try:
+        run_dir = prepare(tmp_path, run)
+        handle = backend.launch(run.id, run_dir, gang(backend.slots()[:2]))
+        wait_for(lambda: (backend.poll(0.05), Path(f"{gate}.reached").exists())[1], timeout=240)
+        [group] = groups_of(run.id)
+        assert group["state"] == "CREATED"
+        sent, submit = [], backend._submit  # the cancel's SIGTERM: a task on the run's node
+
+        def recorded(name, *args, **options):
+            ref = submit(name, *args, **options)
+            sent.extend([ref] if name == "signal" else [])
+            return ref
+
+        backend._submit = recorded
+        backend.cancel(handle, grace=120)
+        wait_for(lambda: ray.wait(sent, timeout=0)[0], timeout=120)
+        assert ray.get(sent) == [True]  # delivered while the ranks wait at the gate
+        gate.touch()
+        [event] = wait_exit(backend, timeout=240)
+    finally:
+        backend.close()
+    assert event.code == states.EXIT_CODES[states.INTERRUPTED]
+    assert (run_dir / layout.CHECKPOINTS / "last.pt").exists()
+    assert [g["state"] for g in groups_of(run.id)] == ["REMOVED"]
     assert live_groups() == []
