@@ -155,6 +155,34 @@ def shared_root(example: Example, capsys) -> str:
         return "$ gridrun ls --root shared-runs\n" + gridrun("ls", "--root", "shared-runs")
 
 
+def ray_lab_status(example: Example, capsys) -> str:
+    """`engine status`'s line for another user's process on a Ray node's GPU: the store
+    state a Ray engine writes (tests/test_ray_lab.py checks the engine writes it, node
+    and all, on a real two-node cluster), shown as `engine status` shows it."""
+    import json
+    import os
+    import time
+
+    from gridrun.engine import daemon
+    from gridrun.engine.backends.child import process_start_time
+    from gridrun.engine.foreign import STATE
+    from gridrun.runs.store import Store
+
+    taken = {"policy": "avoid", "waits": None, "gpus": [{"gpu": 0, "uuid": "GPU-5f1c",
+             "node": "node2", "processes": [{"pid": 4242, "user": "alice", "mem_bytes": 70 << 30}]}]}
+    with folder(example, "lab", {}) as path:
+        root = path / "lab-runs"
+        root.mkdir(mode=0o700)
+        with Store(root) as store:
+            store.set_state(STATE, taken)
+        pid = os.getpid()  # this process stands for the engine: `status` reads a live one
+        (root / daemon.PID).write_text(json.dumps({"pid": pid, "started_at": time.time(),
+                                                   "start_time": process_start_time(pid),
+                                                   "state": "running"}))
+        out = gridrun("engine", "status", "--root", str(root))
+    return "\n".join(line for line in out.splitlines() if line.startswith("node2:"))
+
+
 def task_plan(example: Example, page: str) -> str:
     """`gridrun plan --check exp.toml` in a folder holding the page's task package
     (mypkg/tasks.py) and its exp.toml, as the page tells you to lay them out."""
@@ -199,4 +227,4 @@ PRODUCERS = {"run-end": run_end, "task-check": task_check, "interface": interfac
              "switch-note": switch_note, "unknown-source": unknown_source,
              "search-leaderboard": search_leaderboard, "predict-refusal": predict_refusal,
              "shared-root": shared_root, "readme-task-plan": readme_task_plan,
-             "own-task-plan": own_task_plan}
+             "own-task-plan": own_task_plan, "ray-lab-status": ray_lab_status}
