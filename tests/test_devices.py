@@ -22,27 +22,37 @@ import pytest
 from test_engine_kit import drain, engine_for, make_run, metrics_without_timing, prepare, wait_for
 from user_folder import user_package
 
-from gridrun.runs import layout, runlog, states
+from gridrun.runs import layout, states
 from gridrun.runs.store import Store
 from gridrun.spec import SpecError, load_runs, write_run_config
 
 USER_TASK = '''\
-"""shapes' data and CNN, with a Dropout before the classifier."""
+"""shapes' data and CNN, with a Dropout before the classifier. With `gate`, each
+process's `at`-th training micro-batch writes GATE.reached and waits until the file
+GATE exists: a test stops the run there, at a step the machine's speed does not move."""
+import os
+import time
+from pathlib import Path
+
 from torch import nn
 
 from gridrun.tasks.shapes import shapes
 
 
-def make(p: float = 0.3, train_size: int = 256, val_size: int = 100, step_sleep: float = 0.0):
-    import time
-
+def make(p: float = 0.3, train_size: int = 256, val_size: int = 100, step_sleep: float = 0.0,
+         gate: str = "", at: int = 0):
     task = shapes(train_size=train_size, val_size=val_size)
     layers = list(task.model)
     task.model = nn.Sequential(*layers[:-1], nn.Dropout(p), layers[-1])
-    if step_sleep:
-        loss = task.loss
+    if step_sleep or gate:
+        loss, calls = task.loss, [0]
 
         def slow_loss(model, batch):
+            calls[0] += 1
+            if gate and calls[0] == at:
+                Path(f"{gate}.reached").touch()
+                while not os.path.exists(gate):
+                    time.sleep(0.05)
             time.sleep(step_sleep)
             return loss(model, batch)
 
@@ -53,16 +63,42 @@ def make(p: float = 0.3, train_size: int = 256, val_size: int = 100, step_sleep:
 MACHINE = {"rss", "step_time"}
 
 
-@pytest.fixture
-def lab(tmp_path, monkeypatch):
-    """The user's folder: their task package, the working directory of every process."""
-    with user_package(tmp_path, monkeypatch, "devlab", {"dropcnn": USER_TASK}) as folder:
-        yield folder
+# 6 steps an epoch (micro-batches of 16, accumulate 4), 12 in all: a run stopped at
+# each rank's 9th micro-batch on 2 devices (step 5; its last checkpoint at 4) resumes
+# mid-epoch and crosses an epoch's end
+SIZE = 384
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """The user's folder: their task package, the working directory of every process;
+    one for the module, so its tests share the runs they compare with (`reference`)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRIDRUN_LEDGER", str(tmp_path_factory.mktemp("ledger") / "gpu-ledger"))
+        with user_package(tmp_path_factory.mktemp("lab"), mp, "devlab",
+                          {"dropcnn": USER_TASK}) as folder:
+            yield folder
+
+
+@pytest.fixture(scope="module")
+def reference(lab):
+    """`reference(run)`: `run` trained start to end in lab/runs, once for the module."""
+    done: dict[str, object] = {}
+
+    def trained_once(run):
+        if run.id not in done:
+            trained(lab / "runs", run)
+            done[run.id] = run
+        return run
+
+    return trained_once
 
 
 def cell(reduce: str, devices: int, experiment: str = "e", step_sleep: float = 0.0,
-         train_size: int = 256, **trainer):
-    args = {"p": 0.3, "train_size": train_size, "val_size": 100, "step_sleep": step_sleep}
+         train_size: int = 256, gate: Path | None = None, at: int = 9, **trainer):
+    """With `gate`: each process's `at`-th micro-batch waits for it (USER_TASK)."""
+    args = {"p": 0.3, "train_size": train_size, "val_size": 100, "step_sleep": step_sleep,
+            **({"gate": str(gate), "at": at} if gate else {})}
     return make_run("devlab.dropcnn:make", experiment=experiment, task_args=args,
                     **{"epochs": 2, "batch_size": 16, "accumulate": 4, "threads": 1,
                        "log_every": 2, "reduce": reduce, "devices": devices, **trainer})
@@ -89,12 +125,6 @@ def trained(root: Path, run) -> tuple[int, str]:
     return proc.returncode, out
 
 
-def steps_logged(root: Path, run) -> int:
-    path = layout.run_dir(root, run.experiment, run.id) / layout.METRICS
-    return max((r.get("step", 0) for r in runlog.read_all(path) if r.get("split") == "train"),
-               default=0)
-
-
 def ranks_of(run_dir: Path) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
@@ -104,12 +134,11 @@ def ranks_of(run_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def test_invariant_gives_the_same_bits_on_1_2_and_4_devices(lab):
+def test_invariant_gives_the_same_bits_on_1_2_and_4_devices(lab, reference):
     root = lab / "runs"
-    runs = [cell("invariant", d, experiment=f"d{d}") for d in (1, 2, 4)]
+    runs = [reference(cell("invariant", d, experiment=f"d{d}", train_size=SIZE))
+            for d in (1, 2, 4)]
     assert len({r.id for r in runs[:1]}) == 1
-    for run in runs:
-        trained(root, run)
     hashes = {summary(root, r)["weights_sha256"] for r in runs}
     assert len(hashes) == 1
     one = lines(root, runs[0])
@@ -122,13 +151,13 @@ def test_invariant_gives_the_same_bits_on_1_2_and_4_devices(lab):
     assert result["ok"] and result["weights"] == "identical", result
 
 
-def test_ddp_repeats_give_the_same_bits_and_another_count_other_bits(lab):
+def test_ddp_repeats_give_the_same_bits_and_another_count_other_bits(lab, reference):
     root = lab / "runs"
-    a, b = cell("ddp", 2, experiment="a"), cell("ddp", 2, experiment="b")
-    one = cell("ddp", 1, experiment="one")
+    a, b = (cell("ddp", 2, experiment=name, train_size=SIZE) for name in ("a", "b"))
+    one = cell("ddp", 1, experiment="one", train_size=SIZE)
     assert a.trainer["devices"] == 2 and "devices" in json.dumps(a.trainer)
     for run in (a, b, one):
-        trained(root, run)
+        reference(run)
     assert summary(root, a)["weights_sha256"] == summary(root, b)["weights_sha256"]
     assert lines(root, a) == lines(root, b)
     # documented: DDP's sum changes with the device count
@@ -153,17 +182,18 @@ def test_the_device_count_is_in_a_ddp_run_id_and_not_in_an_invariant_one():
     assert rid(**base, reduce="invariant") != rid(**base)
 
 
-def test_an_invariant_run_stopped_on_2_devices_and_resumed_on_1_ends_with_the_same_bits(lab):
+def test_an_invariant_run_stopped_on_2_devices_and_resumed_on_1_ends_with_the_same_bits(
+        lab, reference):
     root = lab / "runs"
-    # 16 steps an epoch: the stop lands seconds before the end, however busy the machine
-    alone = cell("invariant", 1, experiment="alone", train_size=1024)
-    trained(root, alone)
-    moved = cell("invariant", 2, experiment="moved", step_sleep=0.05, checkpoint_every=2,
-                 train_size=1024)
+    alone = reference(cell("invariant", 1, experiment="d1", train_size=SIZE))
+    gate = lab / "moved.gate"  # each rank's 9th micro-batch (step 5) waits there: stopped there
+    moved = cell("invariant", 2, experiment="moved", gate=gate, checkpoint_every=2,
+                 train_size=SIZE)
     run_dir = prepare(root, moved)
     proc = worker(run_dir)
-    wait_for(lambda: steps_logged(root, moved) >= 4 or proc.poll() is not None, timeout=240)
+    wait_for(lambda: Path(f"{gate}.reached").exists() or proc.poll() is not None, timeout=240)
     proc.send_signal(signal.SIGTERM)
+    gate.touch()
     out, _ = patience.communicate(proc, 120)
     assert proc.returncode == states.EXIT_CODES[states.INTERRUPTED], out
     assert not ranks_of(run_dir)
@@ -180,14 +210,13 @@ def test_an_invariant_run_stopped_on_2_devices_and_resumed_on_1_ends_with_the_sa
     assert lines(root, moved) == lines(root, alone)
 
 
-def test_a_killed_rank_ends_the_run_at_once_and_the_engine_resumes_it_exactly(lab):
+def test_a_killed_rank_ends_the_run_at_once_and_the_engine_resumes_it_exactly(lab, reference):
     from gridrun.engine.backends.local import LocalBackend
 
-    root = lab / "runs"
-    undisturbed = cell("ddp", 2, experiment="ref", epochs=3, train_size=1024)
-    trained(root, undisturbed)
-    run = cell("ddp", 2, experiment="hit", epochs=3, step_sleep=0.05, checkpoint_every=2,
-               train_size=1024)  # 16 steps an epoch: killed at step 6 or a little after, mid-epoch
+    undisturbed = reference(cell("ddp", 2, experiment="a", train_size=SIZE))
+    root = lab / "engine"  # a root of its own: the engine's store holds this run alone
+    gate = lab / "hit.gate"  # killed at each rank's 9th micro-batch (step 5)
+    run = cell("ddp", 2, experiment="hit", gate=gate, checkpoint_every=2, train_size=SIZE)
     # the engine's fork server starts in the user's folder, as `gridrun` starts it there
     backend = LocalBackend(log_path=lab / "forkserver.log")
     backend.start()
@@ -197,7 +226,7 @@ def test_a_killed_rank_ends_the_run_at_once_and_the_engine_resumes_it_exactly(la
         engine.start()
         run_dir = layout.run_dir(root, run.experiment, run.id)
         deadline = patience.Deadline(240)
-        while steps_logged(root, run) < 6:
+        while not Path(f"{gate}.reached").exists():
             assert not deadline.passed(), f"the run did not start training in {deadline}"
             assert store.list_runs(ids=[run.id])[0].status in (states.QUEUED, states.RUNNING), \
                 store.list_runs(ids=[run.id])[0].error
@@ -205,6 +234,7 @@ def test_a_killed_rank_ends_the_run_at_once_and_the_engine_resumes_it_exactly(la
         victims = ranks_of(run_dir)
         assert len(victims) == 1
         os.kill(victims[0].pid, signal.SIGKILL)
+        gate.touch()
         restart = patience.Deadline(60)
         while store.list_runs(ids=[run.id])[0].restarts == 0:
             assert not restart.passed(), f"a dead rank left the run hanging for {restart}"
@@ -217,8 +247,9 @@ def test_a_killed_rank_ends_the_run_at_once_and_the_engine_resumes_it_exactly(la
     output = (run_dir / "output.log").read_text()
     assert "rank 1 of 2 died (signal 9)" in output
     assert "resumed from step" in output
-    assert summary(root, run)["weights_sha256"] == summary(root, undisturbed)["weights_sha256"]
-    assert lines(root, run) == lines(root, undisturbed)
+    assert (summary(root, run)["weights_sha256"]
+            == summary(lab / "runs", undisturbed)["weights_sha256"])
+    assert lines(root, run) == lines(lab / "runs", undisturbed)
     assert not ranks_of(run_dir)
 
 
@@ -252,20 +283,22 @@ def test_a_grid_over_devices_of_an_invariant_run_is_one_run_and_says_why(tmp_pat
 
 
 def test_a_rank_dying_under_gridrun_train_leaves_the_run_queued_and_it_resumes(lab):
-    root = lab / "runs"
+    root = lab / "wide"  # a root of its own: `gridrun train` makes its store there
+    gate = lab / "wide.gate"  # 12 steps an epoch: killed at each rank's 9th micro-batch (step 9)
     (lab / "wide.toml").write_text(
-        '[experiments.wide]\ntask = "devlab.dropcnn:make"\nstep_sleep = 0.05\ntrain_size = 1024\n'
-        'epochs = 2\n'
+        f'[experiments.wide]\ntask = "devlab.dropcnn:make"\ngate = "{gate}"\nat = 9\n'
+        'train_size = 384\nepochs = 2\n'
         'batch_size = 16\naccumulate = 2\nthreads = 1\ndevices = 2\nreduce = "invariant"\n'
         'checkpoint_every = 2\nlog_every = 2\n')
     run = load_runs(lab / "wide.toml")[0]
     cli = [sys.executable, "-m", "gridrun", "train", str(lab / "wide.toml"), "--root", str(root)]
     proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run_dir = layout.run_dir(root, run.experiment, run.id)
-    wait_for(lambda: steps_logged(root, run) >= 4 or proc.poll() is not None, timeout=240)
+    wait_for(lambda: Path(f"{gate}.reached").exists() or proc.poll() is not None, timeout=240)
     victims = ranks_of(run_dir)
     assert len(victims) == 1
     os.kill(victims[0].pid, signal.SIGKILL)
+    gate.touch()
     out, _ = patience.communicate(proc, 120)
     assert proc.returncode == states.EXIT_RANK_DIED, out
     assert "rank 1 of 2 died (signal 9): the run stops and resumes from its last checkpoint" in out

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import patience
 import pytest
-from test_devices import USER_TASK, cell, lines, ranks_of, steps_logged, summary, worker
+from test_devices import SIZE, USER_TASK, cell, lines, ranks_of, summary, worker
 from test_engine_kit import prepare, wait_for
 from user_folder import user_package
 
@@ -130,18 +130,18 @@ def test_garbage_in_the_rendezvous_file_ends_the_run_at_once_and_it_runs_again(l
 
 def test_a_stopped_rank_ends_the_run_and_it_resumes_exactly(lab, monkeypatch):
     root = lab / "runs"
-    # 16 steps an epoch, at least 0.2 s each: the stop lands long before the end
-    undisturbed = cell("ddp", 2, experiment="ref", epochs=3, train_size=1024)
+    undisturbed = cell("ddp", 2, experiment="ref", train_size=SIZE)
     completes(prepare(root, undisturbed))
-    run = cell("ddp", 2, experiment="stopped", epochs=3, step_sleep=0.1, checkpoint_every=2,
-               train_size=1024)
+    gate = lab / "gate"  # stopped at each rank's 9th micro-batch (step 5; checkpoint at 4)
+    run = cell("ddp", 2, experiment="stopped", gate=gate, checkpoint_every=2, train_size=SIZE)
     run_dir = prepare(root, run)
     monkeypatch.setenv("GRIDRUN_STOPPED_LIMIT_S", "2")
     proc = worker(run_dir)
-    wait_for(lambda: steps_logged(root, run) >= 4 or proc.poll() is not None, timeout=300)
+    wait_for(lambda: Path(f"{gate}.reached").exists() or proc.poll() is not None, timeout=300)
     victims = ranks_of(run_dir)
     assert len(victims) == 1, proc.communicate()[0]
     os.kill(victims[0].pid, signal.SIGSTOP)
+    gate.touch()
     out, _ = patience.communicate(proc, 600)
     assert proc.returncode == states.EXIT_RANK_DIED, out
     assert (f"rank 1 of 2 stopped answering (its process was stopped, SIGSTOP or SIGTSTP, "
