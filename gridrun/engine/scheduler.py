@@ -336,7 +336,7 @@ class Engine(Endings, Sampling):
         foreign = self.others.memory()
         # read the ledger, decide, write what is about to start: the lock is held that long
         # only; the launches come after it
-        with self.sharing.placing(self.active, foreign, bool(queue), self.others.runs) as rooms:
+        with self.sharing.placing(self.active, foreign, bool(queue and free), self.others.runs) as rooms:
             plan, budgets = self._plan(queue, free, used, rooms)
             runs = {r.id: r for r in queue}
             if not self.sharing.reserve(self.active, plan, {
