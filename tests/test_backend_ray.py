@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 from search_kit import SMALL, decided_locally, drained, search_runs
@@ -146,16 +145,12 @@ def test_cancel_checkpoints(backend, tmp_path):
 
 
 def test_a_lost_node_interrupts_and_the_run_resumes_elsewhere(backend, cluster, tmp_path):
-    import ray
-
-    # the head's two GPUs are taken, so the run can only go to the new node
-    blockers = [ray.remote(lambda: time.sleep(300)).options(num_gpus=1, num_cpus=0).remote()
-                for _ in range(2)]
     node = cluster.add_node(num_cpus=1, num_gpus=1, object_store_memory=80 * 1024**2)
     try:
         run = probe_run(seed=7, sleep=0.1, epochs=10)
         run_dir = prepare(tmp_path, run)
-        handle = backend.launch(run.id, run_dir, Slot("ray0"))
+        # gridrun pins a run to the node its slot is on: here the new node's GPU
+        handle = backend.launch(run.id, run_dir, Slot("new:gpu0", 0, node=node.node_id))
         checkpoint = run_dir / layout.CHECKPOINTS / "last.pt"
         wait_for(lambda: (backend.poll(0.05), checkpoint.exists())[1])
         assert handle.extra.node == node.node_id
@@ -166,8 +161,6 @@ def test_a_lost_node_interrupts_and_the_run_resumes_elsewhere(backend, cluster, 
     finally:
         if node is not None:
             cluster.remove_node(node)
-        for b in blockers:
-            ray.cancel(b, force=True)
     backend.launch(run.id, run_dir, Slot("ray0"))  # what the scheduler does next
     reference = tmp_path / "reference"
     other = make_backend(EngineConfig(backend="ray"), reference)
