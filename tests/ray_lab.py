@@ -59,7 +59,7 @@ class Lab:
         self.nodes[name] = node
         self.put(name, {})
         node.handle = self.cluster.add_node(
-            num_cpus=2, num_gpus=2, object_store_memory=80 * 1024**2, env_vars=node.env())
+            num_cpus=4, num_gpus=2, object_store_memory=80 * 1024**2, env_vars=node.env())
         self.cluster.wait_for_nodes()
         return node
 
@@ -77,7 +77,7 @@ def start_lab(folder: Path) -> Lab:
     lab = Lab(None, {"node1": head})
     lab.put("node1", {})
     lab.cluster = Cluster(initialize_head=True, connect=False, head_node_args={
-        "num_cpus": 2, "num_gpus": 2, "object_store_memory": 80 * 1024**2,
+        "num_cpus": 4, "num_gpus": 2, "object_store_memory": 80 * 1024**2,
         "include_dashboard": False, "env_vars": head.env()})
     lab.add("node2", folder)
     ray.init(address=lab.cluster.address, log_to_driver=False)

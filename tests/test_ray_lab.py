@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pwd
 import signal
-import subprocess
 import threading
 import time
 
-import patience
 import pytest
 from test_engine_kit import TINY, drain, make_run, wait_for
 from typer.testing import CliRunner
@@ -34,9 +31,7 @@ from gridrun.runs.store import Store
 
 ray = pytest.importorskip("ray")
 from ray_lab import GIB, GPU_BYTES, start_lab, stop_lab  # noqa: E402
-from test_foreign_gpus import pretend_daemon  # noqa: E402
-
-THEM = "nobody" if os.geteuid() == 0 else pwd.getpwuid(os.getuid()).pw_name
+from test_foreign_gpus import THEM, colleague, pretend_daemon  # noqa: E402, F401 (a fixture)
 
 
 @pytest.fixture(scope="module")
@@ -44,20 +39,6 @@ def lab(tmp_path_factory, stand_in_gpus):
     made = start_lab(tmp_path_factory.mktemp("lab"))
     yield made
     stop_lab(made)
-
-
-@pytest.fixture
-def colleague():
-    """A real process (`sleep 600`) as another user when we may (root: nobody)."""
-    def become():
-        if os.geteuid() == 0:
-            os.setgid(pwd.getpwnam(THEM).pw_gid)
-            os.setuid(pwd.getpwnam(THEM).pw_uid)
-    proc = subprocess.Popen(["sleep", "600"], preexec_fn=become, stdin=subprocess.DEVNULL)
-    yield proc
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signal.SIGKILL)
-    patience.wait(proc, 60)
 
 
 def ray_engine(root, **kw) -> Engine:
@@ -90,7 +71,7 @@ class Launches:
         engine.backend.launch = launch
 
 
-def test_no_run_goes_to_the_gpu_another_user_holds_on_node2(lab, tmp_path, colleague):
+def test_no_run_goes_to_the_gpu_another_user_holds_on_node2(lab, tmp_path, colleague):  # noqa: F811
     lab.put("node2", {0: [(colleague.pid, 70 * GIB)]})
     root = tmp_path / "runs"
     runs = [brief(s) for s in range(6)]

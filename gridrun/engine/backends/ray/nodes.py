@@ -237,25 +237,12 @@ class ClusterLedger:
                 if s.get(key) and i in self.nodes.alive]
         return "; ".join(said) or None
 
-    @property
-    def problem(self) -> str | None:
-        return self._say("problem")
-
-    @property
-    def unread(self) -> str | None:
-        return self._say("unread")
-
-    @property
-    def busy(self) -> str | None:
-        return self._say("busy")
-
-    @property
-    def removed(self) -> str | None:
-        return self._say("removed")
-
-    @property
-    def blocked(self) -> str | None:
-        return self._say("blocked")
+    # what Ledger says of itself, each node's in one line ("node2: ...; node3: ...")
+    problem = property(lambda self: self._say("problem"))
+    unread = property(lambda self: self._say("unread"))
+    busy = property(lambda self: self._say("busy"))
+    removed = property(lambda self: self._say("removed"))
+    blocked = property(lambda self: self._say("blocked"))
 
     @property
     def folder(self) -> Path | str:
