@@ -370,5 +370,5 @@ async def test_the_machine_panel_names_the_colleague_and_the_memory(tmp_path, gp
     finally:
         (tmp_path / daemon.PID).unlink()
     assert len(lines) == 4, lines
-    assert lines[1].startswith("gpu1 ") and f"taken by {THEM} 20.0 GiB" in lines[1], lines
+    assert lines[1].startswith("gpu1 ") and f"taken by {THEM} (pid {colleague.pid}, 20.0 GiB)" in lines[1], lines
     assert not any("taken by" in line for i, line in enumerate(lines) if i != 1)

@@ -60,7 +60,8 @@ Taken = dict[Any, tuple[str | None, tuple[bool, tuple[str, ...]]]]
 
 
 def taken(state: Any) -> Taken:
-    """GPU (its UUID and its name) -> (its UUID, (shared, "alice 20.0 GiB" per process))
+    """GPU (its UUID and its name) -> (its UUID, (shared, "alice (pid 4242, 20.0 GiB)" per
+    process))
     for the GPUs other users' processes take, from the engine's FOREIGN state ({} for
     None or garbage)."""
     if not isinstance(state, dict) or not isinstance(state.get("gpus"), list):
@@ -69,8 +70,9 @@ def taken(state: Any) -> Taken:
     for g in state["gpus"]:
         if isinstance(g, dict) and isinstance(g.get("processes"), list):
             said = (state.get("policy") == "share", tuple(
-                f"{p.get('user') or '?'} " + (f"{m / 2**30:.1f} GiB" if isinstance(
-                    m := p.get("mem_bytes"), int | float) else "memory n/a")
+                f"{p.get('user') or '?'} " + (f"(pid {p['pid']}, " if isinstance(
+                    p.get("pid"), int) else "(") + (f"{m / 2**30:.1f} GiB)" if isinstance(
+                    m := p.get("mem_bytes"), int | float) else "memory n/a)")
                 for p in g["processes"] if isinstance(p, dict)))
             for key in (uuid_of(g), name(node_of(g), g.get("gpu"))):
                 if key is not None:

@@ -85,7 +85,7 @@ def test_two_nodes_gpu0_never_mix(tmp_path):
     rows = src.poll().machine.gpus
     assert [g.label for g in rows] == LABELS and [g.node for g in rows] == ["node1"] * 2 + ["node2"] * 2
     assert [g.runs for g in rows] == [(a,), (), (b,), (b,)]  # A's process and slot; B's gang
-    assert [g.others for g in rows] == [(), (), ("alice 20.0 GiB",), ()]
+    assert [g.others for g in rows] == [(), (), ("alice (pid 4242, 20.0 GiB)",), ()]
     assert not any(g.shared for g in rows)
     assert rows[0].memory == GpuMemory(ours=24 * GIB, runs=1, engines=0, others=0, free=56 * GIB)
     assert rows[2].memory == GpuMemory(ours=0, runs=0, engines=0, others=20 * GIB, free=60 * GIB)
@@ -102,7 +102,7 @@ def test_shared_with_says_so_on_its_node_only(tmp_path):
         store.set_state(FOREIGN, {**TAKEN, "policy": "share"})
     rows = StoreSource(tmp_path).poll().machine.gpus
     assert [(g.shared, g.others) for g in rows] == [
-        (False, ()), (False, ()), (True, ("alice 20.0 GiB",)), (False, ())]
+        (False, ()), (False, ()), (True, ("alice (pid 4242, 20.0 GiB)",)), (False, ())]
 
 
 def test_a_uuid_tells_apart_what_a_name_cannot():
@@ -110,12 +110,12 @@ def test_a_uuid_tells_apart_what_a_name_cannot():
     a, b = {"index": 0, "uuid": "GPU-a0", "node": "host"}, {"index": 0, "uuid": "GPU-b0", "node": "host"}
     table = gpus.taken({"gpus": [{"gpu": 0, "uuid": "GPU-b0", "node": "host", "processes": [
         {"user": "alice", "mem_bytes": GIB}]}]})
-    assert gpus.taken_of(table, a) == (False, ()) and gpus.taken_of(table, b) == (False, ("alice 1.0 GiB",))
+    assert gpus.taken_of(table, a) == (False, ()) and gpus.taken_of(table, b) == (False, ("alice (1.0 GiB)",))
     # an entry, or a sample, without a UUID is found by its name
     bare = gpus.taken({"gpus": [{"gpu": 0, "node": "host", "processes": [{"user": "bob"}]}]})
-    assert gpus.taken_of(bare, a) == (False, ("bob memory n/a",))
+    assert gpus.taken_of(bare, a) == (False, ("bob (memory n/a)",))
     assert gpus.taken_of(bare, {"index": 1, "node": "host"}) == (False, ())
-    assert gpus.taken_of(table, {"index": 0, "node": "host"}) == (False, ("alice 1.0 GiB",))
+    assert gpus.taken_of(table, {"index": 0, "node": "host"}) == (False, ("alice (1.0 GiB)",))
     assert gpus.keys(b) == ("GPU-b0", "host:gpu0")  # no index: every node has a GPU 0
     assert gpus.keys({"index": 0, "uuid": "GPU-0"}) == ("GPU-0", "gpu0", 0)
     assert gpus.keys({"index": 0, "node": 3, "uuid": 5}) == ("gpu0", 0)  # not a node, nor a UUID
@@ -140,7 +140,7 @@ def test_on_one_machine_the_rows_are_as_before(tmp_path):
     running_engine(tmp_path)
     rows = StoreSource(tmp_path).poll().machine.gpus
     assert [(g.label, g.node, g.runs, g.others, g.history) for g in rows] == [
-        ("gpu0", None, (), ("bob memory n/a",), (70,)), ("gpu1", None, ("abc",), (), (69,))]
+        ("gpu0", None, (), ("bob (pid 9, memory n/a)",), (70,)), ("gpu1", None, ("abc",), (), (69,))]
     assert rows[0].memory is None and rows[1].memory.free == 8 * GIB
 
 
@@ -182,7 +182,8 @@ async def test_the_panel_at_80_columns_names_each_nodes_gpu(tmp_path):
         room = panel.content_size.width
     assert room == 78 and [line.split(" ")[0] for line in lines] == LABELS, lines
     # what the panel shows of each line: its first 78 columns, the last one "…" where cut
-    assert "  taken by alice 20.0 GiB" in lines[2][:room - 1], lines
-    assert lines[2].startswith("node2:gpu0 NVIDIA H100") and lines[2].endswith(b), lines
+    assert "  taken by alice (pid 4242, 20.0 GiB)" in lines[2][:room - 1], lines
+    # the model's name gives way to who takes it: user, pid and memory
+    assert lines[2].startswith("node2:gpu0 NV ") and lines[2].endswith(b), lines
     assert not any("taken by" in line for i, line in enumerate(lines) if i != 2), lines
     assert lines[0] == f"node1:gpu0 NVIDIA H100 80GB H  90% █ 10.0G/80.0G 310W 64°C  {a}", lines
