@@ -213,6 +213,9 @@ def test_clone_with_two_overrides_then_reopen_in_tmux(tmp_path):
         term.wait_for("Clone")
         term.keys("C-u")  # the field starts empty, but be sure
         term.tmux("send-keys", "-t", "gridrun", "-l", "epochs=60 lr=0.005")
+        # Enter only once the field shows what was typed: a busy machine may still be
+        # drawing the dialog when the keys arrive (CI failed so: no clone was queued)
+        term.wait_for("epochs=60 lr=0.005")
         term.keys("Enter")
         # the clone is checked in a subprocess (torch, the task) that may take up to its
         # own 120 s limit on a machine running two test files at once
