@@ -159,12 +159,8 @@ def ray_lab_status(example: Example, capsys) -> str:
     """`engine status`'s line for another user's process on a Ray node's GPU: the store
     state a Ray engine writes (tests/test_ray_lab.py checks the engine writes it, node
     and all, on a real two-node cluster), shown as `engine status` shows it."""
-    import json
-    import os
-    import time
+    from test_foreign_gpus import pretend_daemon
 
-    from gridrun.engine import daemon
-    from gridrun.engine.backends.child import process_start_time
     from gridrun.engine.foreign import STATE
     from gridrun.runs.store import Store
 
@@ -175,10 +171,7 @@ def ray_lab_status(example: Example, capsys) -> str:
         root.mkdir(mode=0o700)
         with Store(root) as store:
             store.set_state(STATE, taken)
-        pid = os.getpid()  # this process stands for the engine: `status` reads a live one
-        (root / daemon.PID).write_text(json.dumps({"pid": pid, "started_at": time.time(),
-                                                   "start_time": process_start_time(pid),
-                                                   "state": "running"}))
+        pretend_daemon(root)  # this process stands for the engine: `status` reads a live one
         out = gridrun("engine", "status", "--root", str(root))
     return "\n".join(line for line in out.splitlines() if line.startswith("node2:"))
 

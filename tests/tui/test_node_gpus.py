@@ -4,15 +4,12 @@ the running runs' slots, the engine's FOREIGN state and its memory book each nam
 their own way; the panel puts each on its own GPU (tui/gpus.py) and names it by its node
 (GpuRow.label), and on one machine reads as before."""
 
-import json
-import os
-import time
 from dataclasses import replace
 
+from test_gpu_memory import running_engine, spec
 from tui_helpers import aio, settle
 
 from gridrun.runs.store import Store
-from gridrun.spec import RunSpec, run_id
 from gridrun.tui import gpus
 from gridrun.tui.app import GridrunApp
 from gridrun.tui.memory import MEMORY, book
@@ -34,23 +31,6 @@ BOOK = {"mode": "auto", "gpus": [
      "others": 0, "foreign": 20 * GIB, "free": 60 * GIB},
     {"gpu": 0, "total": 80 * GIB, "ours": 8 * GIB, "runs": 9, "others": 0, "foreign": 0,
      "free": 1}]}
-
-
-def spec(seed: int) -> RunSpec:
-    trainer = {"lr": 1e-3, "epochs": 2, "batch_size": 32}
-    return RunSpec(id=run_id("exp", "spirals", trainer, {"hidden": 16}, seed), experiment="exp",
-                   variant="lr=0.001", seed=seed, task="spirals", trainer=trainer,
-                   task_args={"hidden": 16}, axes={"lr": 1e-3})
-
-
-def running_engine(root) -> None:
-    """engine.pid naming this process: a running engine to the source."""
-    from gridrun.engine.backends.child import process_start_time
-
-    pid = os.getpid()
-    (root / "engine.pid").write_text(json.dumps({
-        "pid": pid, "start_time": process_start_time(pid), "started_at": time.time(),
-        "state": "running"}))
 
 
 def sample(t: float, util: dict[str, float]) -> dict:
